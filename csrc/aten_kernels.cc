@@ -1,0 +1,142 @@
+// ATen kernels the device surface owns in C++: allocation, views and storage
+// metadata. Everything that computes goes to the Python lowerings.
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DispatchKeySet.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "csrc/core/device_registry.h"
+#include "csrc/device_buffer.h"
+
+namespace torch_tpu {
+namespace {
+
+constexpr c10::DispatchKeySet kTpuKeys{c10::DispatchKey::PrivateUse1};
+
+int target_device(std::optional<c10::Device> device) {
+  if (device.has_value() && device->has_index()) {
+    return device->index();
+  }
+  return core::DeviceRegistry::instance().current_device();
+}
+
+struct CurrentDeviceScope {
+  explicit CurrentDeviceScope(int device) : saved(core::DeviceRegistry::instance().current_device()) {
+    core::DeviceRegistry::instance().set_current_device(device);
+  }
+  ~CurrentDeviceScope() { core::DeviceRegistry::instance().set_current_device(saved); }
+  int saved;
+};
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> /*pin_memory*/,
+                               std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "tpu tensors support only the strided layout");
+  CurrentDeviceScope scope(target_device(device));
+  return at::detail::empty_generic(size, tpu_allocator(), kTpuKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout> layout, std::optional<at::Device> device,
+                         std::optional<bool> /*pin_memory*/) {
+  TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "tpu tensors support only the strided layout");
+  CurrentDeviceScope scope(target_device(device));
+  return at::detail::empty_strided_generic(size, stride, tpu_allocator(), kTpuKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  for (int64_t s : size) {
+    TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
+  }
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != at::MemoryFormat::Preserve, "Unsupported memory format ", *memory_format);
+    impl->empty_tensor_restride(*memory_format);
+  }
+  if (impl->numel() > 0) {
+    const size_t needed = at::detail::computeStorageNbytes(impl->sizes(), impl->strides(),
+                                                           self.dtype().itemsize(), impl->storage_offset());
+    const c10::Storage& storage = impl->unsafe_storage();
+    if (needed > storage.nbytes()) {
+      resize_storage_bytes(storage, needed);
+    }
+  }
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  // An empty stride list means contiguous, as in the CPU kernel.
+  std::vector<int64_t> strides(stride.begin(), stride.end());
+  if (strides.empty() && !size.empty()) {
+    strides.resize(size.size());
+    int64_t running = 1;
+    for (size_t i = size.size(); i-- > 0;) {
+      strides[i] = running;
+      running *= std::max<int64_t>(size[i], 1);
+    }
+  }
+  at::native::checkSetStorage(self, std::move(source), storage_offset, size, c10::IntArrayRef(strides));
+  at::native::setStrided(self, size, c10::IntArrayRef(strides), storage_offset);
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  const int64_t itemsize = static_cast<int64_t>(self.dtype().itemsize());
+  TORCH_CHECK(source.nbytes() % itemsize == 0, "Expected storage nbytes ", source.nbytes(),
+              " to be divisible by the element size ", itemsize);
+  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
+  return set_storage(self, std::move(source), 0, {numel}, {1});
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) {
+    return self;
+  }
+  TORCH_CHECK(self.dtype() == source.dtype(), "Could not set tensor of type ", source.dtype(),
+              " to a tensor of type ", self.dtype());
+  return set_storage(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0,
+                       allocate_buffer(self.device().index(), 0), tpu_allocator(), true);
+  return set_storage(self, std::move(storage), 0, {0}, {});
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_", set_empty);
+  // Views reuse the metadata-only native kernels, so they alias storage.
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("unfold", at::native::unfold);
+  m.impl("view_as_real", at::native::view_as_real);
+  m.impl("view_as_complex", at::native::view_as_complex);
+}
+
+}  // namespace torch_tpu

@@ -1,0 +1,38 @@
+// Byte accounting and fake addresses for device buffers. Torch-independent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace torch_tpu::core {
+
+struct MemoryStats {
+  int64_t allocated_bytes = 0;
+  int64_t peak_allocated_bytes = 0;
+  int64_t active_buffers = 0;
+  int64_t num_allocs = 0;
+  int64_t num_frees = 0;
+};
+
+// Every device buffer registers here when it is created and when it dies.
+// It hands out fake addresses: unique among live buffers, never dereferenced,
+// with the device encoded in the high bits. Freed ranges are reused per
+// power-of-two size class, so the address space stays bounded by peak use.
+class BufferRegistry {
+ public:
+  static constexpr int kMaxDevices = 64;
+
+  static BufferRegistry& instance();
+
+  uintptr_t on_alloc(int device, size_t nbytes);
+  void on_free(int device, uintptr_t address, size_t nbytes);
+  MemoryStats stats(int device) const;
+  void reset_peak(int device);
+  // Device that owns a fake address, or -1 if it is not one of ours.
+  static int device_of(uintptr_t address);
+
+ private:
+  BufferRegistry() = default;
+};
+
+}  // namespace torch_tpu::core

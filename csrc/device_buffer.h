@@ -1,0 +1,51 @@
+// The device buffer handle: what a tpu storage's DataPtr owns.
+#pragma once
+
+#include <Python.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Storage.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace torch_tpu {
+
+// Holds the storage's current jax.Array (flat, storage-sized) and a fake
+// address from the core registry. The array may be null: storage that was
+// allocated but never written (torch.empty) reads as zeros.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(int device, size_t nbytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  int device() const { return device_; }
+  size_t nbytes() const { return nbytes_; }
+  void* address() const { return reinterpret_cast<void*>(address_); }
+
+  // New reference, or Py_None. Caller holds the GIL.
+  PyObject* array() const;
+  // Steals nothing: increments `array`. Caller holds the GIL.
+  void set_array(PyObject* array);
+
+ private:
+  int device_;
+  size_t nbytes_;
+  uintptr_t address_;
+  PyObject* array_ = nullptr;
+};
+
+// The allocator registered for the PrivateUse1 device type.
+c10::Allocator* tpu_allocator();
+
+// Makes a DataPtr owning a fresh DeviceBuffer on `device`.
+c10::DataPtr allocate_buffer(int device, size_t nbytes);
+
+// The handle behind a tpu storage; throws if the storage is not ours.
+DeviceBuffer& buffer_of(const c10::Storage& storage);
+
+// Gives `storage` `new_nbytes` bytes, keeping its array (reads pad or trim).
+void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
+
+}  // namespace torch_tpu

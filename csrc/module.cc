@@ -1,0 +1,135 @@
+// torch_tpu._C: the Python face of the device surface.
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "csrc/core/buffer_registry.h"
+#include "csrc/core/cache_index.h"
+#include "csrc/core/device_registry.h"
+#include "csrc/device.h"
+#include "csrc/device_buffer.h"
+
+namespace py = pybind11;
+
+namespace torch_tpu {
+namespace {
+
+c10::Storage storage_arg(const py::handle& obj) {
+  if (THPVariable_Check(obj.ptr())) {
+    return THPVariable_Unpack(obj.ptr()).storage();
+  }
+  return py::cast<c10::Storage>(obj);
+}
+
+py::object get_buffer(const py::handle& obj) {
+  return py::reinterpret_steal<py::object>(buffer_of(storage_arg(obj)).array());
+}
+
+void set_buffer(const py::handle& obj, const py::handle& array) {
+  buffer_of(storage_arg(obj)).set_array(array.ptr());
+}
+
+// A new contiguous tpu tensor whose storage holds `array` (flat, numel long).
+at::Tensor wrap(const py::handle& array, std::vector<int64_t> sizes, at::ScalarType dtype, int device) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) {
+    numel *= s;
+  }
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate_buffer(device, nbytes), tpu_allocator(),
+                       /*resizable=*/true);
+  static_cast<DeviceBuffer*>(storage.data_ptr().get_context())->set_array(array.ptr());
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                         c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return t;
+}
+
+py::dict memory_stats(int device) {
+  const core::MemoryStats s = core::BufferRegistry::instance().stats(device);
+  py::dict d;
+  d["allocated_bytes.all.current"] = s.allocated_bytes;
+  d["allocated_bytes.all.peak"] = s.peak_allocated_bytes;
+  d["active.all.current"] = s.active_buffers;
+  d["allocation.all.allocated"] = s.num_allocs;
+  d["allocation.all.freed"] = s.num_frees;
+  return d;
+}
+
+void set_devices(const std::vector<py::tuple>& devices) {
+  std::vector<core::DeviceInfo> infos;
+  for (const py::tuple& d : devices) {
+    core::DeviceInfo info;
+    info.index = d[0].cast<int>();
+    info.kind = d[1].cast<std::string>();
+    info.platform = d[2].cast<std::string>();
+    info.coords = d[3].cast<std::vector<int>>();
+    infos.push_back(std::move(info));
+  }
+  core::DeviceRegistry::instance().set_devices(std::move(infos));
+}
+
+py::object default_generator_object(int device) {
+  return py::reinterpret_steal<py::object>(
+      THPGenerator_initDefaultGenerator(default_generator(static_cast<c10::DeviceIndex>(device))));
+}
+
+std::pair<uint64_t, uint64_t> reserve(const std::optional<at::Generator>& generator, int device, uint64_t increment) {
+  if (generator.has_value()) {
+    return reserve_random(*generator, increment);
+  }
+  return reserve_random(default_generator(static_cast<c10::DeviceIndex>(device)), increment);
+}
+
+}  // namespace
+}  // namespace torch_tpu
+
+PYBIND11_MODULE(_C, m) {
+  using namespace torch_tpu;
+  m.doc() = "torch_tpu native device surface";
+  m.def("_register_device", &register_device);
+  m.def("_set_devices", &set_devices, py::arg("devices"));
+  m.def("_device_count", [] { return core::DeviceRegistry::instance().device_count(); });
+  m.def("_current_device", [] { return core::DeviceRegistry::instance().current_device(); });
+  m.def("_set_current_device", [](int i) { core::DeviceRegistry::instance().set_current_device(i); });
+  m.def("_device_info", [](int i) {
+    const core::DeviceInfo d = core::DeviceRegistry::instance().device(i);
+    return py::make_tuple(d.index, d.kind, d.platform, d.coords);
+  });
+
+  m.def("_get_buffer", &get_buffer, py::arg("storage"));
+  m.def("_set_buffer", &set_buffer, py::arg("storage"), py::arg("array"));
+  m.def("_wrap", &wrap, py::arg("array"), py::arg("sizes"), py::arg("dtype"), py::arg("device"));
+
+  m.def("_memory_stats", &memory_stats, py::arg("device"));
+  m.def("_reset_peak_memory_stats", [](int d) { core::BufferRegistry::instance().reset_peak(d); });
+
+  m.def("_default_generator", &default_generator_object, py::arg("device"));
+  m.def("_reserve_random", &reserve, py::arg("generator"), py::arg("device"), py::arg("increment"));
+
+  py::class_<core::CacheIndex>(m, "CacheIndex")
+      .def(py::init<std::string>(), py::arg("directory"))
+      .def_property_readonly("directory", &core::CacheIndex::directory)
+      .def("get",
+           [](const core::CacheIndex& c, const std::string& key) -> py::object {
+             std::optional<std::string> v = c.get(key);
+             if (!v) {
+               return py::none();
+             }
+             return py::bytes(*v);
+           })
+      .def("put", [](const core::CacheIndex& c, const std::string& key,
+                     const py::bytes& value) { return c.put(key, std::string(value)); })
+      .def("__contains__", &core::CacheIndex::contains)
+      .def("summary",
+           [](const core::CacheIndex& c) {
+             const auto s = c.summary();
+             return py::make_tuple(s.entries, s.bytes);
+           })
+      .def("clear", &core::CacheIndex::clear);
+}
