@@ -1,0 +1,55 @@
+"""torch_tpu: a native PyTorch backend for XLA devices (TPU first).
+
+`import torch_tpu` (or torch's backend autoload) renames PrivateUse1 to "tpu",
+loads the C++ device surface, registers `torch.tpu` and the op lowerings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_tpu import _C
+from torch_tpu.runtime import client as _client
+
+__version__ = "0.1.0"
+
+
+def _register() -> None:
+    torch.utils.rename_privateuse1_backend("tpu")
+    _C._register_device()
+    devices = _client.devices()
+    _C._set_devices(
+        [
+            (i, getattr(d, "device_kind", d.platform), _client.platform(), list(getattr(d, "coords", []) or []))
+            for i, d in enumerate(devices)
+        ]
+    )
+    from torch_tpu import device_module
+
+    torch._register_device_module("tpu", device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    from torch_tpu import ops
+
+    ops.install()
+
+
+_register()
+
+from torch_tpu import metrics  # noqa: E402
+
+
+def sync() -> None:
+    """Waits for all queued work on all tpu devices."""
+    _client.synchronize()
+
+
+def platform() -> str:
+    """"tpu", "cuda" or "cpu": the PJRT client tpu tensors run on."""
+    return _client.platform()
+
+
+def _autoload() -> None:
+    """The `torch.backends` entry point: importing the package registers it."""
+
+
+__all__ = ["metrics", "platform", "sync"]

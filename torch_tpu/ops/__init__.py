@@ -1,0 +1,55 @@
+"""ATen lowerings to jax/lax and their registration on the tpu dispatch key."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from torch_tpu.ops import dispatcher, fallback, registry
+from torch_tpu.ops.registry import aten, lower
+
+_LOWERING_MODULES = (
+    "host",
+    "factories",
+    "elementwise",
+    "reductions",
+    "shape",
+    "indexing",
+    "linalg",
+    "nn",
+    "random",
+    "optim",
+)
+
+_libraries: list[torch.library.Library] = []
+
+
+def install() -> None:
+    """Imports every lowering module and registers the kernels and the fallback."""
+    if _libraries:
+        return
+    for name in _LOWERING_MODULES:
+        importlib.import_module(f"torch_tpu.ops.{name}")
+    lib = torch.library.Library("aten", "IMPL")
+    table = registry.table()
+    for op, lowering in table.items():
+        if registry.is_composite_implicit(op):
+            raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower what it decomposes into")
+        lib.impl(op, dispatcher.make_kernel(op, lowering, derived=False), "PrivateUse1")
+    for op, lowering in table.items():
+        if lowering.eager or any(a.alias_info is not None for a in op._schema.arguments):
+            continue
+        for variant in (registry.inplace_variant(op), registry.out_variant(op)):
+            if variant is not None and variant not in table:
+                lib.impl(variant, dispatcher.make_kernel(variant, lowering, derived=True), "PrivateUse1")
+    fallback_lib = torch.library.Library("_", "IMPL")
+    fallback_lib.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
+    _libraries.extend([lib, fallback_lib])
+
+
+def _boxed_fallback(op, *args, **kwargs):
+    return fallback.cpu_fallback(op, args, kwargs)
+
+
+__all__ = ["aten", "install", "lower"]

@@ -1,0 +1,447 @@
+"""Runs an ATen op on tpu tensors through its lowering.
+
+Per call: read each tpu tensor as (flat buffer, geometry), look the call's
+signature up in the op executable cache, run the jitted function, then wrap
+fresh outputs in new storages and swap the buffers of mutated arguments.
+On a cache miss the op first runs on meta tensors: that gives PyTorch's own
+output shapes, dtypes and error checks.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch._ops import OpOverload
+
+from torch_tpu import _C, metrics
+from torch_tpu.ops import geometry as geo
+from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
+from torch_tpu.ops.registry import Lowering
+from torch_tpu.runtime import client
+from torch_tpu.runtime.executable_cache import ExecutableCache
+
+_cache = ExecutableCache()
+
+
+class _TensorSlot:
+    __slots__ = ("index", "geom")
+
+    def __init__(self, index: int, geom):
+        self.index = index
+        self.geom = geom
+
+
+class _ScalarSlot:
+    """A CPU 0-dim tensor: traced as a weakly typed scalar."""
+
+    __slots__ = ("index", "tensor")
+
+    def __init__(self, index: int, tensor: torch.Tensor):
+        self.index = index
+        self.tensor = tensor
+
+
+# ---- reading arguments ------------------------------------------------------
+
+
+def buffer_of(t: torch.Tensor) -> jax.Array:
+    """The flat buffer behind a tpu tensor; unwritten storage becomes zeros."""
+    buf = _C._get_buffer(t)
+    if buf is None:
+        storage = t.untyped_storage()
+        itemsize = t.element_size()
+        buf = _zeros(storage.nbytes() // itemsize, TORCH_TO_NUMPY[t.dtype], t.device.index)
+        _C._set_buffer(storage, buf)
+    return buf
+
+
+def _zeros(n: int, dtype: np.dtype, device: int) -> jax.Array:
+    return jax.device_put(np.zeros(n, dtype), client.jax_device(device))
+
+
+def tensor_geometry(t: torch.Tensor, buf: jax.Array):
+    dtype = TORCH_TO_NUMPY.get(t.dtype)
+    if dtype is None:
+        raise TypeError(f"tpu tensors do not support dtype {t.dtype}")
+    sizes = tuple(t.shape)
+    if t.storage_offset() == 0 and buf.dtype == dtype and t.is_contiguous() and buf.shape[0] == t.numel():
+        return geo.Geometry(sizes, tuple(t.stride()), 0, dtype, dtype, buf.shape[0])
+    return geo.Geometry(sizes, tuple(t.stride()), t.storage_offset(), dtype, buf.dtype, buf.shape[0])
+
+
+class _Call:
+    """One call's flattened arguments: signature, jit inputs and tensors."""
+
+    __slots__ = ("inputs", "tensors", "device", "sig", "generator")
+
+    def __init__(self):
+        self.inputs: list[Any] = []
+        self.tensors: list[torch.Tensor] = []
+        self.device: int | None = None
+        self.generator = None
+
+    def walk(self, x):
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "tpu":
+                index = x.device.index
+                if self.device is None:
+                    self.device = index
+                elif index != self.device:
+                    raise RuntimeError(
+                        "Expected all tensors to be on the same device, but found at least two "
+                        f"devices, tpu:{self.device} and tpu:{index}!"
+                    )
+                buf = buffer_of(x)
+                self.inputs.append(buf)
+                self.tensors.append(x)
+                return tensor_geometry(x, buf)
+            if x.dim() == 0 and x.device.type == "cpu":
+                self.inputs.append(x.item())
+                self.tensors.append(x)
+                return ("scalar", x.dtype)
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"{x.device} and tpu!"
+            )
+        if isinstance(x, (list, tuple)):
+            return (type(x), tuple(self.walk(v) for v in x))
+        if isinstance(x, float):
+            return (float, x if x == x else "nan", math.copysign(1.0, x))
+        if isinstance(x, torch.Generator):
+            self.generator = x
+            return (torch.Generator,)
+        return (type(x), x)
+
+
+def _template(x, call: _Call, counter: list[int]):
+    """`x` with tensors replaced by slots, in the same order as _Call.walk."""
+    if isinstance(x, torch.Tensor):
+        i = counter[0]
+        counter[0] += 1
+        if x.device.type == "tpu":
+            return _TensorSlot(i, tensor_geometry(x, call.inputs[i]))
+        return _ScalarSlot(i, x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_template(v, call, counter) for v in x)
+    if isinstance(x, torch.Generator):
+        return None
+    return x
+
+
+def _substitute(x, fn: Callable):
+    if isinstance(x, (_TensorSlot, _ScalarSlot)):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_substitute(v, fn) for v in x)
+    return x
+
+
+def _meta_tensor(slot):
+    if isinstance(slot, _ScalarSlot):
+        return slot.tensor
+    g = slot.geom
+    dtype = _NUMPY_TO_TORCH[g.dtype]
+    if g.offset == 0 and geo.is_contiguous(g.sizes, g.strides):
+        return torch.empty_strided(g.sizes, g.strides, dtype=dtype, device="meta")
+    base = torch.empty(geo.storage_elements(g), dtype=dtype, device="meta")
+    return base.as_strided(g.sizes, g.strides, g.offset)
+
+
+_NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
+
+
+# ---- the op plan ------------------------------------------------------------
+
+
+class _OpPlan:
+    """What a schema says about mutation and returns, computed once per op."""
+
+    def __init__(self, op: OpOverload, derived: bool):
+        schema = op._schema
+        self.op = op
+        self.derived = derived  # lowering is the functional op; outputs go to mutable args
+        self.arg_names = [a.name for a in schema.arguments]
+        self.kwarg_only = {a.name for a in schema.arguments if a.kwarg_only}
+        self.mutable = [i for i, a in enumerate(schema.arguments) if a.alias_info and a.alias_info.is_write]
+        self.out_names = [a.name for a in schema.arguments if a.is_out]
+        arg_sets = {
+            frozenset(a.alias_info.before_set): i
+            for i, a in enumerate(schema.arguments)
+            if a.alias_info and a.alias_info.is_write
+        }
+        self.returns: list[tuple[str, int]] = []
+        fresh = 0
+        for r in schema.returns:
+            if r.alias_info is not None:
+                self.returns.append(("arg", arg_sets[frozenset(r.alias_info.before_set)]))
+            else:
+                self.returns.append(("fresh", fresh))
+                fresh += 1
+        self.num_fresh = fresh
+        self.generator_index = next(
+            (i for i, a in enumerate(schema.arguments) if str(a.type).startswith("Generator")), None
+        )
+
+    def bind(self, args: tuple, kwargs: dict) -> list:
+        """All arguments in schema order (defaults filled by the dispatcher)."""
+        bound = list(args)
+        for name in self.arg_names[len(args):]:
+            bound.append(kwargs.get(name))
+        return bound
+
+
+class _Entry:
+    __slots__ = ("run", "fresh_meta", "mutable_shapes", "out_tree")
+
+    def __init__(self, run, fresh_meta, mutable_shapes):
+        self.run = run
+        self.fresh_meta = fresh_meta
+        self.mutable_shapes = mutable_shapes  # meta shapes of mutable args after the op
+        self.out_tree = None
+
+
+def _flatten_values(values) -> list:
+    flat: list = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            flat.extend(v)
+        else:
+            flat.append(v)
+    return flat
+
+
+def _mutable_tensors(plan: _OpPlan, bound: list) -> list[torch.Tensor | None]:
+    return _flatten_values([bound[i] for i in plan.mutable])
+
+
+def _fresh_meta(plan: _OpPlan, meta_result) -> list:
+    results = meta_result if isinstance(meta_result, tuple) else (meta_result,)
+    if len(plan.returns) == 0:
+        results = ()
+    return [results[i] for i, (kind, _) in enumerate(plan.returns) if kind == "fresh"]
+
+
+def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list) -> _Entry:
+    counter = [0]
+    template = [_template(v, call, counter) for v in bound]
+    meta_args = [_substitute(v, _meta_tensor) for v in template]
+    meta_result = _call_schema(plan.op, plan, meta_args)
+    fresh_meta = _fresh_meta(plan, meta_result)
+    mutable_slots = _flatten_values([template[i] for i in plan.mutable])
+    fn = lowering.fn
+    functional_names = [n for n in plan.arg_names if n not in plan.out_names]
+    mutable_shapes = [None if m is None else tuple(m.shape) for m in _flatten_values([meta_args[i] for i in plan.mutable])]
+    entry = _Entry(None, fresh_meta, mutable_shapes)
+
+    def run(inputs, rng):
+        def materialize(slot):
+            value = inputs[slot.index]
+            return geo.read(value, slot.geom) if isinstance(slot, _TensorSlot) else value
+
+        values = [_substitute(v, materialize) for v in template]
+        pos, kw = [], {}
+        for name, value in zip(plan.arg_names, values):
+            if name not in functional_names:
+                continue
+            if name in plan.kwarg_only:
+                kw[name] = value
+            elif kw:
+                kw[name] = value
+            else:
+                pos.append(value)
+        if rng is not None:
+            kw["rng"] = rng
+        if plan.generator_index is not None:
+            kw.pop(plan.arg_names[plan.generator_index], None)
+            if len(pos) > plan.generator_index:
+                pos = pos[: plan.generator_index]
+        result = fn(*pos, **kw)
+        result = list(result) if isinstance(result, (tuple, list)) else [result]
+        if plan.derived:
+            fresh, mutated = [], result
+        else:
+            fresh, mutated = result[: plan.num_fresh], result[plan.num_fresh :]
+            mutated = _flatten_values(mutated)
+        fresh_out = [_conform_tree(v, m, plan.op) for v, m in zip(fresh, fresh_meta)]
+        new_buffers = []
+        for slot, value in zip(mutable_slots, mutated):
+            if slot is None:
+                new_buffers.append(None)
+                continue
+            new_buffers.append(geo.write(inputs[slot.index], slot.geom, jnp.broadcast_to(value, slot.geom.sizes)))
+        flat_out, entry.out_tree = jax.tree_util.tree_flatten((fresh_out, new_buffers))
+        return flat_out
+
+    if call.device is None:
+        device = _factory_device(bound)
+        sharding = jax.sharding.SingleDeviceSharding(client.jax_device(device))
+        entry.run = jax.jit(run, out_shardings=sharding)
+    else:
+        entry.run = jax.jit(run)
+    return entry
+
+
+def _conform_tree(value, meta, op):
+    if isinstance(meta, (list, tuple)):
+        return [_conform_tree(v, m, op) for v, m in zip(value, meta)]
+    if meta is None or value is None:
+        return None
+    value = jnp.asarray(value)
+    dtype = TORCH_TO_NUMPY[meta.dtype]
+    if value.dtype != dtype:
+        value = value.astype(dtype)
+    if tuple(value.shape) != tuple(meta.shape):
+        raise AssertionError(
+            f"torch_tpu lowering of {op} produced shape {tuple(value.shape)}, expected {tuple(meta.shape)}"
+        )
+    return value.reshape(-1)
+
+
+def _factory_device(bound: list) -> int:
+    for v in bound:
+        if isinstance(v, torch.device):
+            return v.index if v.index is not None else _C._current_device()
+    return _C._current_device()
+
+
+def _call_schema(op: OpOverload, plan: _OpPlan, bound: list):
+    pos, kw = [], {}
+    for name, value in zip(plan.arg_names, bound):
+        if name in plan.kwarg_only or kw:
+            kw[name] = value
+        else:
+            pos.append(value)
+    return op(*pos, **kw)
+
+
+def _generator_key(plan: _OpPlan, call: _Call, device: int):
+    seed, offset = _C._reserve_random(call.generator, device, 1)
+    return np.array([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32)
+
+
+def _key_from_data(data):
+    key = jax.random.wrap_key_data(data[:2], impl="threefry2x32")
+    key = jax.random.fold_in(key, data[2])
+    return jax.random.fold_in(key, data[3])
+
+
+def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
+    """The PrivateUse1 kernel of `op`, registered with torch.library."""
+    plan = _OpPlan(op, derived)
+    if lowering.eager:
+        return lowering.fn
+
+    def kernel(*args, **kwargs):
+        bound = plan.bind(args, kwargs)
+        call = _Call()
+        sig = tuple(call.walk(v) for v in bound)
+        key = (op, sig)
+        entry = _cache.get(key)
+        if entry is None:
+            entry = _build(plan, lowering, call, bound)
+            if plan.out_names and _resize_out_args(plan, bound, entry):
+                return kernel(*args, **kwargs)
+            _cache.put(key, entry)
+            metrics.bump("op_compiles")
+        else:
+            metrics.bump("op_cache_hits")
+        device = call.device if call.device is not None else _factory_device(bound)
+        rng = None
+        if lowering.random:
+            rng = _key_from_data_jit(_generator_key(plan, call, device))
+        flat = entry.run(call.inputs, rng)
+        metrics.bump("executions")
+        fresh_values, new_buffers = jax.tree_util.tree_unflatten(entry.out_tree, flat)
+        fresh = [_wrap_tree(v, m, device) for v, m in zip(fresh_values, entry.fresh_meta)]
+        for t, buf in zip(_mutable_tensors(plan, bound), new_buffers):
+            if t is not None and buf is not None:
+                _C._set_buffer(t, buf)
+        results = []
+        for kind, i in plan.returns:
+            results.append(fresh[i] if kind == "fresh" else bound[i])
+        if not results:
+            return None
+        return results[0] if len(results) == 1 else tuple(results)
+
+    kernel.__name__ = f"tpu_{op._schema.name.split('::')[1]}_{op._overloadname}"
+    return kernel
+
+
+_key_from_data_jit = jax.jit(_key_from_data)
+
+
+def _resize_out_args(plan: _OpPlan, bound: list, entry: _Entry) -> bool:
+    """Resizes out= tensors to the result shapes, as CPU does. True if any changed."""
+    changed = False
+    for t, shape in zip(_mutable_tensors(plan, bound), entry.mutable_shapes):
+        if t is not None and shape is not None and tuple(t.shape) != shape:
+            if t.numel() != 0:
+                warnings.warn(
+                    f"An output with one or more elements was resized since it had shape {list(t.shape)}, "
+                    f"which does not match the required output shape {list(shape)}. This behavior is "
+                    "deprecated, and in a future PyTorch release outputs will not be resized unless they "
+                    "have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
+                    "to zero elements with t.resize_(0).",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            t.resize_(shape)
+            changed = True
+    return changed
+
+
+def _wrap_tree(value, meta, device: int):
+    if isinstance(meta, (list, tuple)):
+        return [_wrap_tree(v, m, device) for v, m in zip(value, meta)]
+    if meta is None or value is None:
+        return None
+    return _C._wrap(value, list(meta.shape), meta.dtype, device)
+
+
+def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new tpu tensor holding `array` (used by eager lowerings)."""
+    if dtype is None:
+        dtype = _NUMPY_TO_TORCH[np.dtype(array.dtype)]
+    elif array.dtype != to_numpy_dtype(dtype):
+        array = array.astype(to_numpy_dtype(dtype))
+    return _C._wrap(array.reshape(-1), list(array.shape), dtype, device)
+
+
+_read_jit_cache: dict = {}
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """The value of a tpu tensor as a jax array of its shape (eager lowerings)."""
+    buf = buffer_of(t)
+    g = tensor_geometry(t, buf)
+    if g.is_whole:
+        return buf.reshape(g.sizes)
+    fn = _read_jit_cache.get(g)
+    if fn is None:
+        fn = _read_jit_cache[g] = jax.jit(lambda b, g=g: geo.read(b, g))
+    metrics.bump("executions")
+    return fn(buf)
+
+
+def write_jax(t: torch.Tensor, value: jax.Array) -> None:
+    """Writes `value` into the tpu tensor `t` (a view writes through to its base)."""
+    buf = buffer_of(t)
+    g = tensor_geometry(t, buf)
+    if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:
+        _C._set_buffer(t, value.reshape(-1))
+        return
+    key = ("write", g, value.shape, value.dtype)
+    fn = _read_jit_cache.get(key)
+    if fn is None:
+        fn = _read_jit_cache[key] = jax.jit(
+            lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes))
+        )
+    metrics.bump("executions")
+    _C._set_buffer(t, fn(buf, value))

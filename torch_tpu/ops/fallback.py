@@ -1,0 +1,90 @@
+"""The visible CPU fallback for ops without a lowering: counted in metrics and
+warned about once per op."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+from torch.utils._pytree import tree_map
+
+from torch_tpu import metrics
+
+_warned: set[str] = set()
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+        metrics.bump("host_transfers")
+        return x.cpu()
+    return x
+
+
+def _device_of(args, kwargs) -> torch.device:
+    found = []
+
+    def visit(x):
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            found.append(x.device)
+        return x
+
+    tree_map(visit, (args, kwargs))
+    return found[0] if found else torch.device("tpu", torch.tpu.current_device())
+
+
+def cpu_fallback(op, args, kwargs):
+    name = str(op)
+    metrics.record_fallback(name)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"torch_tpu: {name} has no tpu lowering yet; it runs on the CPU (counted in "
+            "torch_tpu.metrics.counters()['cpu_fallbacks'])",
+            stacklevel=3,
+        )
+    if os.environ.get("TORCH_TPU_DEBUG") == "1":
+        print(f"[torch_tpu] CPU fallback: {name}", file=sys.stderr)
+    schema = op._schema
+    for r in schema.returns:
+        if r.alias_info is not None and not r.alias_info.is_write:
+            raise NotImplementedError(
+                f"torch_tpu: {name} returns a view and has no tpu kernel; a CPU fallback cannot alias"
+            )
+    device = _device_of(args, kwargs)
+    cpu_args, cpu_kwargs = tree_map(_to_cpu, (args, kwargs))
+    if "device" in cpu_kwargs and isinstance(cpu_kwargs["device"], torch.device):
+        if cpu_kwargs["device"].type == "tpu":
+            cpu_kwargs["device"] = torch.device("cpu")
+    result = op(*cpu_args, **cpu_kwargs)
+
+    # Write mutated arguments back to their tpu tensors.
+    bound = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    cpu_bound = list(cpu_args) + [cpu_kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    written: dict[frozenset, object] = {}
+    for arg, original, cpu_value in zip(schema.arguments, bound, cpu_bound):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            written[frozenset(arg.alias_info.before_set)] = original
+            pairs = zip(original, cpu_value) if isinstance(original, (list, tuple)) else [(original, cpu_value)]
+            for dst, src in pairs:
+                if isinstance(dst, torch.Tensor) and dst.device.type == "tpu":
+                    if dst.shape != src.shape:
+                        dst.resize_(src.shape)
+                    dst.copy_(src)
+
+    def to_device(x):
+        if isinstance(x, torch.Tensor):
+            return x.to(device)
+        return x
+
+    results = result if isinstance(result, tuple) else (result,)
+    out = []
+    for r, value in zip(schema.returns, results):
+        if r.alias_info is not None:
+            out.append(written[frozenset(r.alias_info.before_set)])
+        else:
+            out.append(tree_map(to_device, value))
+    if not isinstance(result, tuple):
+        return out[0] if out else result
+    return tuple(out)

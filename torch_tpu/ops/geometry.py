@@ -1,0 +1,131 @@
+"""Tensor geometry: how a tpu tensor's (sizes, strides, offset) reads from and
+writes to its flat storage buffer, traced inside the op's jitted function."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+class Geometry(NamedTuple):
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    dtype: np.dtype  # the tensor's element type
+    buffer_dtype: np.dtype  # the flat buffer's element type
+    buffer_len: int  # elements in the flat buffer
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def is_whole(self) -> bool:
+        """True when the tensor is its whole buffer, in row-major order."""
+        return (
+            self.offset == 0
+            and self.dtype == self.buffer_dtype
+            and self.numel == self.buffer_len
+            and is_contiguous(self.sizes, self.strides)
+        )
+
+
+def is_contiguous(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def storage_elements(geom: Geometry) -> int:
+    """Elements of geom.dtype the view needs from the start of storage."""
+    if geom.numel == 0:
+        return 0
+    return geom.offset + 1 + sum((s - 1) * st for s, st in zip(geom.sizes, geom.strides))
+
+
+def _reinterpret(buf: jnp.ndarray, dtype: np.dtype) -> jnp.ndarray:
+    """Bit-level reinterpretation of a flat buffer as another element type."""
+    if buf.dtype == dtype:
+        return buf
+    if buf.dtype == np.bool_:
+        buf = buf.astype(np.uint8)
+    target = np.dtype(np.uint8) if dtype == np.bool_ else dtype
+    src, dst = np.dtype(buf.dtype).itemsize, np.dtype(target).itemsize
+    if src > dst:
+        buf = lax.bitcast_convert_type(buf, target).reshape(-1)
+    elif src < dst:
+        ratio = dst // src
+        usable = (buf.size // ratio) * ratio
+        buf = lax.bitcast_convert_type(buf[:usable].reshape(-1, ratio), target)
+    else:
+        buf = lax.bitcast_convert_type(buf, target)
+    return buf != 0 if dtype == np.bool_ else buf
+
+
+def _as_dtype(buf: jnp.ndarray, dtype: np.dtype, needed: int) -> jnp.ndarray:
+    """The flat buffer as `dtype`, padded with zeros to at least `needed` elements."""
+    buf = _reinterpret(buf, dtype)
+    if buf.size < needed:
+        buf = jnp.concatenate([buf, jnp.zeros(needed - buf.size, dtype)])
+    return buf
+
+
+def _flat_indices(geom: Geometry) -> jnp.ndarray:
+    index_dtype = np.int32 if storage_elements(geom) < 2**31 else np.int64
+    idx = jnp.full(geom.sizes, geom.offset, dtype=index_dtype)
+    for dim, (size, stride) in enumerate(zip(geom.sizes, geom.strides)):
+        if size > 1 and stride != 0:
+            idx = idx + lax.broadcasted_iota(index_dtype, geom.sizes, dim) * stride
+    return idx
+
+
+def _permuted_block(geom: Geometry):
+    """If the view is a permutation (plus broadcasts) of a contiguous block,
+    returns (block sizes, permutation back to the view, broadcast dims)."""
+    dims = [d for d, s in enumerate(geom.sizes) if s != 1 and geom.strides[d] != 0]
+    order = sorted(dims, key=lambda d: -geom.strides[d])
+    expected = 1
+    for d in reversed(order):
+        if geom.strides[d] != expected:
+            return None
+        expected *= geom.sizes[d]
+    return order
+
+
+def read(buf: jnp.ndarray, geom: Geometry) -> jnp.ndarray:
+    """The view's value, traced: a reshape, slice/transpose/broadcast, or gather."""
+    if geom.is_whole:
+        return buf.reshape(geom.sizes)
+    flat = _as_dtype(buf, geom.dtype, storage_elements(geom))
+    if geom.numel == 0:
+        return jnp.zeros(geom.sizes, geom.dtype)
+    order = _permuted_block(geom)
+    if order is not None:
+        block = math.prod(geom.sizes[d] for d in order)
+        value = lax.slice(flat, (geom.offset,), (geom.offset + block,))
+        value = value.reshape([geom.sizes[d] for d in order])
+        # Move block dims to their view positions, then broadcast the rest.
+        positions = sorted(order)
+        value = lax.transpose(value, [order.index(p) for p in positions])
+        return lax.broadcast_in_dim(value, geom.sizes, positions)
+    return flat[_flat_indices(geom)]
+
+
+def write(buf: jnp.ndarray, geom: Geometry, value: jnp.ndarray) -> jnp.ndarray:
+    """The new flat buffer after writing `value` into the view, traced."""
+    value = value.astype(geom.dtype)
+    if geom.is_whole:
+        return value.reshape(-1)
+    flat = _as_dtype(buf, geom.dtype, storage_elements(geom))
+    if geom.numel == 0:
+        return flat
+    if is_contiguous(geom.sizes, geom.strides):
+        return lax.dynamic_update_slice(flat, value.reshape(-1), (geom.offset,))
+    return flat.at[_flat_indices(geom).reshape(-1)].set(value.reshape(-1))

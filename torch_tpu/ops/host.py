@@ -1,0 +1,81 @@
+"""Host transfers and the ops that cross the device boundary: copies, .item()."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from torch_tpu import metrics
+from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
+from torch_tpu.ops.dtypes import to_numpy_dtype
+from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import client
+
+# numpy cannot hold these torch dtypes; they travel as same-width integers.
+_BIT_CARRIERS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
+
+
+def cpu_to_jax(t: torch.Tensor, device: int) -> jax.Array:
+    """A copy of a CPU tensor on a tpu device."""
+    metrics.bump("host_transfers")
+    t = t.detach().contiguous().resolve_conj().resolve_neg()
+    carrier = _BIT_CARRIERS.get(t.dtype)
+    array = (t.view(carrier) if carrier else t).numpy().copy()
+    if carrier:
+        array = array.view(to_numpy_dtype(t.dtype))
+    return jax.device_put(array, client.jax_device(device))
+
+
+def jax_to_cpu(array: jax.Array) -> torch.Tensor:
+    metrics.bump("host_transfers")
+    host = np.asarray(array)
+    dtype = host.dtype
+    from torch_tpu.ops.dtypes import to_torch_dtype
+
+    torch_dtype = to_torch_dtype(dtype)
+    carrier = _BIT_CARRIERS.get(torch_dtype)
+    if carrier:
+        return torch.from_numpy(host.view(to_numpy_dtype(carrier)).copy()).view(torch_dtype)
+    return torch.from_numpy(host.copy() if not host.flags.writeable else host)
+
+
+def _copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if src.device.type == "tpu" and dst.device.type == "tpu":
+        value = to_jax(src)
+        if src.device.index != dst.device.index:
+            value = jax.device_put(value, client.jax_device(dst.device.index))
+    elif src.device.type == "tpu":
+        value = jax_to_cpu(to_jax(src))
+        dst.copy_(value)
+        return dst
+    else:
+        value = cpu_to_jax(src, dst.device.index)
+    if dst.dtype.is_complex is False and value.dtype.kind == "c":
+        value = value.real
+    value = value.astype(to_numpy_dtype(dst.dtype))
+    if tuple(value.shape) != tuple(dst.shape):
+        value = jax.numpy.broadcast_to(value, tuple(dst.shape))
+    write_jax(dst, value)
+    return dst
+
+
+@lower(aten._copy_from.default, eager=True)
+def copy_from(self, dst, non_blocking=False):
+    return _copy(self, dst)
+
+
+@lower(aten._copy_from_and_resize.default, eager=True)
+def copy_from_and_resize(self, dst):
+    if dst.shape != self.shape:
+        dst.resize_(self.shape)
+    return _copy(self, dst)
+
+
+@lower(aten._local_scalar_dense.default, eager=True)
+def local_scalar_dense(self):
+    metrics.bump("host_transfers")
+    return np.asarray(to_jax(self)).item()
+
+
+__all__ = ["cpu_to_jax", "jax_to_cpu", "from_jax"]

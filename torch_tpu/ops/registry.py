@@ -1,0 +1,78 @@
+"""The lowering table: one function per ATen op, registered by decorator.
+
+    @lower(aten.add.Tensor)
+    def add(x, y, *, alpha=1):
+        return x + y * alpha
+
+A jit lowering receives jax arrays where the op takes tensors and plain Python
+values elsewhere; it returns jax arrays. Its in-place (`add_.Tensor`) and
+out= (`add.out`) variants are derived unless lowered explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from torch._ops import OpOverload
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    fn: Callable
+    # Runs in Python on torch tensors (host transfers, data-dependent shapes).
+    eager: bool = False
+    # Receives a jax PRNG key as `rng=`, drawn from the op's tpu generator.
+    random: bool = False
+
+
+_TABLE: dict[OpOverload, Lowering] = {}
+
+
+def lower(*ops: OpOverload, eager: bool = False, random: bool = False) -> Callable:
+    """Registers the decorated function as the lowering of `ops`."""
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            if op in _TABLE:
+                raise ValueError(f"{op} is lowered twice")
+            _TABLE[op] = Lowering(fn, eager=eager, random=random)
+        return fn
+
+    return register
+
+
+def table() -> dict[OpOverload, Lowering]:
+    return dict(_TABLE)
+
+
+def _non_out_arguments(schema) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
+
+
+def inplace_variant(op: OpOverload) -> OpOverload | None:
+    packet = getattr(aten, op._schema.name.split("::")[1] + "_", None)
+    if packet is None:
+        return None
+    variant = getattr(packet, op._overloadname, None)
+    if variant is None or _non_out_arguments(variant._schema)[1:] != _non_out_arguments(op._schema)[1:]:
+        return None
+    return variant
+
+
+def out_variant(op: OpOverload) -> OpOverload | None:
+    packet = getattr(aten, op._schema.name.split("::")[1])
+    wanted = _non_out_arguments(op._schema)
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        schema = candidate._schema
+        if any(a.is_out for a in schema.arguments) and _non_out_arguments(schema) == wanted:
+            return candidate
+    return None
+
+
+def is_composite_implicit(op: OpOverload) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")

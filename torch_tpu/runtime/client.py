@@ -1,0 +1,78 @@
+"""Chooses the PJRT client: TPU (libtpu), then CUDA (jax plugin), then CPU."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import jax
+
+_PLATFORMS = ("tpu", "cuda", "cpu")
+_log = logging.getLogger("torch_tpu")
+
+
+def _configure_jax() -> None:
+    # PyTorch semantics need 64-bit integers and doubles.
+    jax.config.update("jax_enable_x64", True)
+    count = os.environ.get("TORCH_TPU_NUM_CPU_DEVICES")
+    if count:
+        jax.config.update("jax_num_cpu_devices", int(count))
+
+
+def _probe(name: str) -> list[jax.Device]:
+    try:
+        return list(jax.devices(name))
+    except RuntimeError:
+        return []
+
+
+@functools.cache
+def _selected() -> tuple[str, tuple[jax.Device, ...]]:
+    _configure_jax()
+    forced = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
+    if forced:
+        if forced not in _PLATFORMS:
+            raise RuntimeError(
+                f"TORCH_TPU_PLATFORM={forced!r} is not one of {', '.join(_PLATFORMS)}"
+            )
+        found = _probe(forced)
+        if not found:
+            raise RuntimeError(f"TORCH_TPU_PLATFORM={forced!r} but no {forced} devices were found")
+        return forced, tuple(found)
+    for name in _PLATFORMS:
+        found = _probe(name)
+        if found:
+            if name == "cpu":
+                _log.warning(
+                    "torch_tpu: no TPU or GPU found; tpu tensors run on the XLA CPU client "
+                    "(%d device%s). Set TORCH_TPU_PLATFORM=cpu to silence this.",
+                    len(found),
+                    "" if len(found) == 1 else "s",
+                )
+            return name, tuple(found)
+    raise RuntimeError("torch_tpu: no PJRT client could be created")
+
+
+def platform() -> str:
+    """The platform tpu tensors run on: "tpu", "cuda" or "cpu"."""
+    return _selected()[0]
+
+
+def devices() -> tuple[jax.Device, ...]:
+    """The jax devices behind tpu:0, tpu:1, ..."""
+    return _selected()[1]
+
+
+def jax_device(index: int) -> jax.Device:
+    all_devices = devices()
+    if not 0 <= index < len(all_devices):
+        raise RuntimeError(
+            f"tpu device index {index} is out of range: {len(all_devices)} tpu devices are visible"
+        )
+    return all_devices[index]
+
+
+def synchronize() -> None:
+    """Waits for every queued computation on the selected client."""
+    jax.block_until_ready(jax.live_arrays(platform()))
