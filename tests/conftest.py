@@ -1,0 +1,27 @@
+"""Shared fixtures: every test imports the built torch_tpu package."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TORCH_TPU_PLATFORM", "cpu")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torch_tpu  # noqa: E402
+
+
+@pytest.fixture
+def no_fallbacks():
+    """Fails the test if any op it runs went through the CPU fallback."""
+    torch_tpu.metrics.reset()
+    yield
+    fallbacks = torch_tpu.metrics.counters()["cpu_fallback_ops"]
+    assert not fallbacks, f"ops fell back to CPU: {fallbacks}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

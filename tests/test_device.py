@@ -1,0 +1,197 @@
+"""The native tpu device: tensors, storage aliasing, transfers, errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import torch_tpu
+
+
+def test_tpu_tensor_is_a_plain_tensor():
+    t = torch.ones(2, device="tpu")
+    assert type(t) is torch.Tensor
+    assert t.device.type == "tpu"
+    assert t.is_tpu
+    assert torch_tpu.platform() in ("tpu", "cuda", "cpu")
+
+
+def test_device_module():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == 0
+    assert isinstance(torch.tpu.get_device_name(), str)
+    assert torch.tpu.get_device_properties(0).name == torch.tpu.get_device_name(0)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+     torch.int8, torch.uint8, torch.bool, torch.complex64],
+)
+def test_round_trip(dtype):
+    cpu = (torch.arange(12) % 5).to(dtype).reshape(3, 4)
+    assert torch.equal(cpu.to("tpu").cpu(), cpu)
+
+
+def test_round_trip_non_contiguous():
+    cpu = torch.arange(24.0).reshape(2, 3, 4)
+    tpu = cpu.to("tpu")
+    for view in (lambda x: x.transpose(0, 2), lambda x: x[:, 1], lambda x: x[..., ::2],
+                 lambda x: x.permute(2, 0, 1)[1:], lambda x: x[0].expand(5, 3, 4)):
+        torch.testing.assert_close(view(tpu).cpu(), view(cpu))
+
+
+def test_view_aliases_base(no_fallbacks):
+    base = torch.zeros(4, 4, device="tpu")
+    view = base[1:3, ::2]
+    view.add_(1)
+    expected = torch.zeros(4, 4)
+    expected[1:3, ::2] += 1
+    torch.testing.assert_close(base.cpu(), expected)
+    base.mul_(3).add_(1)
+    torch.testing.assert_close(view.cpu(), expected[1:3, ::2] * 3 + 1)
+
+
+def test_setitem_writes_through_views(no_fallbacks):
+    cpu = torch.arange(12.0).reshape(3, 4)
+    tpu = cpu.to("tpu")
+    for x in (cpu, tpu):
+        x[1] = 7.0
+        x[:, 2] = torch.tensor([1.0, 2.0, 3.0], device=x.device)
+        x.t()[0].fill_(-1)
+    torch.testing.assert_close(tpu.cpu(), cpu)
+
+
+def test_views_share_storage():
+    t = torch.arange(6.0, device="tpu")
+    v = t.view(2, 3).t()
+    assert v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    assert v._base is t
+
+
+def test_dtype_promotion(no_fallbacks):
+    a = torch.arange(6).reshape(2, 3)
+    b = torch.linspace(0, 1, 6).reshape(2, 3)
+    h = b.half()
+    for fn in (lambda a, b, h: a + b, lambda a, b, h: a * 2.5, lambda a, b, h: h + b,
+               lambda a, b, h: a / 4, lambda a, b, h: (a > 2) + a, lambda a, b, h: b + torch.tensor(2)):
+        expected = fn(a, b, h)
+        got = fn(a.to("tpu"), b.to("tpu"), h.to("tpu"))
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_shape_mismatch_raises_like_cpu():
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.ones(2, 3) + torch.ones(4)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.ones(2, 3, device="tpu") + torch.ones(4, device="tpu")
+    with pytest.raises(RuntimeError):
+        torch.ones(2, 3, device="tpu") @ torch.ones(2, 3, device="tpu")
+
+
+def test_mixing_devices_raises():
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(2, device="tpu") + torch.ones(2)
+
+
+def test_cpu_scalar_tensor_mixes_like_cuda(no_fallbacks):
+    got = torch.ones(3, device="tpu") * torch.tensor(2.0)
+    torch.testing.assert_close(got.cpu(), torch.full((3,), 2.0))
+
+
+def test_item_and_printing():
+    t = torch.tensor([1.5, -2.0], device="tpu")
+    assert t[0].item() == 1.5
+    assert "tpu:0" in repr(t)
+
+
+def test_manual_seed_reproducible(no_fallbacks):
+    torch.manual_seed(123)
+    a = torch.rand(8, device="tpu").cpu()
+    torch.manual_seed(123)
+    b = torch.rand(8, device="tpu").cpu()
+    c = torch.rand(8, device="tpu").cpu()
+    assert torch.equal(a, b)
+    assert not torch.equal(b, c)
+    g = torch.Generator(device="tpu").manual_seed(5)
+    d = torch.randn(4, device="tpu", generator=g).cpu()
+    g.manual_seed(5)
+    assert torch.equal(torch.randn(4, device="tpu", generator=g).cpu(), d)
+
+
+def test_memory_allocated_tracks_storages():
+    torch_tpu.sync()
+    before = torch.tpu.memory_allocated()
+    t = torch.empty(1024, 256, device="tpu")
+    assert torch.tpu.memory_allocated() == before + t.numel() * 4
+    assert torch.tpu.max_memory_allocated() >= before + t.numel() * 4
+    del t
+    assert torch.tpu.memory_allocated() == before
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == before
+
+
+def test_cpu_fallback_is_counted_and_warned_once():
+    torch_tpu.metrics.reset()
+    x = torch.linspace(0.5, 3.0, 5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.special.bessel_j0(x.to("tpu"))
+        torch.special.bessel_j0(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), torch.special.bessel_j0(x))
+    assert got.device.type == "tpu"
+    counters = torch_tpu.metrics.counters()
+    assert counters["cpu_fallbacks"] == 2
+    assert counters["cpu_fallback_ops"] == {"aten.special_bessel_j0.default": 2}
+    assert sum("special_bessel_j0" in str(w.message) for w in caught) <= 1
+    assert "special_bessel_j0" in torch_tpu.metrics.report()
+
+
+def test_resize_and_out_variants(no_fallbacks):
+    out = torch.empty(0, device="tpu")
+    torch.add(torch.ones(2, 2, device="tpu"), 1, out=out)
+    torch.testing.assert_close(out.cpu(), torch.full((2, 2), 2.0))
+
+
+def test_eager_ops_are_cached():
+    x = torch.ones(8, device="tpu")
+    x + x
+    torch_tpu.metrics.reset()
+    for _ in range(3):
+        x + x
+    counters = torch_tpu.metrics.counters()
+    assert counters["op_compiles"] == 0
+    assert counters["op_cache_hits"] == 3
+
+
+def test_multiple_devices():
+    if torch.tpu.device_count() < 2:
+        pytest.skip("needs two tpu devices")
+    a = torch.arange(4.0, device="tpu:1")
+    assert a.device == torch.device("tpu:1")
+    torch.testing.assert_close((a * 2).cpu(), torch.arange(4.0) * 2)
+    b = a.to("tpu:0")
+    assert b.device.index == 0
+    with pytest.raises(RuntimeError, match="same device"):
+        a + b
+    with torch.tpu.device(1):
+        assert torch.empty(1, device="tpu").device.index == 1
+
+
+def test_compile_for_cpu_tensors_still_works():
+    # Renaming PrivateUse1 must not break torch.compile for other devices.
+    fn = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="inductor")
+    x = torch.randn(16)
+    torch.testing.assert_close(fn(x), torch.sin(x) * 2 + 1)
+
+
+def test_sync_waits():
+    t = torch.ones(256, 256, device="tpu")
+    for _ in range(3):
+        t = t @ t / 256
+    torch_tpu.sync()
+    torch.testing.assert_close(t.cpu(), torch.ones(256, 256))

@@ -1,0 +1,1 @@
+"""Device tools: tpu-info, metrics reports, profiling."""
