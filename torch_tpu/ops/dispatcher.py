@@ -190,10 +190,11 @@ class _OpPlan:
         )
 
     def bind(self, args: tuple, kwargs: dict) -> list:
-        """All arguments in schema order (defaults filled by the dispatcher)."""
+        """All arguments in schema order; omitted ones take their schema defaults
+        (torch drops trailing arguments equal to their defaults before calling us)."""
         bound = list(args)
-        for name in self.arg_names[len(args):]:
-            bound.append(kwargs.get(name))
+        for a in self.op._schema.arguments[len(args):]:
+            bound.append(kwargs[a.name] if a.name in kwargs else (a.default_value if a.has_default_value() else None))
         return bound
 
 
