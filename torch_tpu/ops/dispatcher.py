@@ -157,6 +157,13 @@ def _meta_tensor(slot):
 _NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
 
 
+def _meta_device(x):
+    """A factory's `device=tpu` argument runs on meta too (else the meta run recurses)."""
+    if isinstance(x, torch.device) and x.type == "tpu":
+        return torch.device("meta")
+    return x
+
+
 # ---- the op plan ------------------------------------------------------------
 
 
@@ -232,7 +239,7 @@ def _fresh_meta(plan: _OpPlan, meta_result) -> list:
 def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list) -> _Entry:
     counter = [0]
     template = [_template(v, call, counter) for v in bound]
-    meta_args = [_substitute(v, _meta_tensor) for v in template]
+    meta_args = [_meta_device(_substitute(v, _meta_tensor)) for v in template]
     meta_result = _call_schema(plan.op, plan, meta_args)
     fresh_meta = _fresh_meta(plan, meta_result)
     mutable_slots = _flatten_values([template[i] for i in plan.mutable])
