@@ -350,7 +350,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         bound = plan.bind(args, kwargs)
         call = _Call()
         sig = tuple(call.walk(v) for v in bound)
-        key = (op, sig)
+        key = (op, sig, torch.get_default_dtype())  # factories and wrapped floats depend on it
         entry = _cache.get(key)
         if entry is None:
             entry = _build(plan, lowering, call, bound)
