@@ -193,7 +193,7 @@ class _OpPlan:
                 fresh += 1
         self.num_fresh = fresh
         self.generator_index = next(
-            (i for i, a in enumerate(schema.arguments) if str(a.type).startswith("Generator")), None
+            (i for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)), None
         )
 
     def bind(self, args: tuple, kwargs: dict) -> list:
@@ -201,8 +201,22 @@ class _OpPlan:
         (torch drops trailing arguments equal to their defaults before calling us)."""
         bound = list(args)
         for a in self.op._schema.arguments[len(args):]:
-            bound.append(kwargs[a.name] if a.name in kwargs else (a.default_value if a.has_default_value() else None))
+            bound.append(kwargs[a.name] if a.name in kwargs else (_schema_default(a) if a.has_default_value() else None))
         return bound
+
+
+# Schema defaults of ScalarType arguments are c10::ScalarType enum values (`dtype=4`).
+_SCALAR_TYPES = {
+    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+    6: torch.float32, 7: torch.float64, 9: torch.complex64, 10: torch.complex128, 11: torch.bool, 15: torch.bfloat16,
+}
+
+
+def _schema_default(arg):
+    value = arg.default_value
+    if isinstance(value, int) and "ScalarType" in str(arg.real_type):
+        return _SCALAR_TYPES[value]
+    return value
 
 
 class _Entry:
