@@ -1,1 +1,464 @@
-"""Lowerings."""
+"""Reductions and scans: sum, mean, prod, max/min, var/std, any/all, norms,
+cumulative ops, median and mode.
+
+PyTorch's dtype rules: integer and bool sums/products/cumsums give int64
+unless `dtype=` says otherwise; half-precision inputs accumulate in float32.
+`dim=None` or `dim=[]` reduces every dimension; a 0-dim tensor accepts dim
+0/-1 and reduces nothing. max/min/argmax pick the first extreme, NaN counts as
+the largest value (it propagates), as on CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from torch_tpu.ops.dtypes import to_numpy_dtype
+from torch_tpu.ops.indexing import sort_along
+from torch_tpu.ops.registry import aten, lower
+
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def _axes(dim, ndim: int) -> tuple[int, ...]:
+    """Normalized reduction axes; None and [] mean all of them."""
+    if ndim == 0:
+        return ()
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        return (dim % ndim,)
+    if len(dim) == 0:
+        return tuple(range(ndim))
+    return tuple(sorted(d % ndim for d in dim))
+
+
+def _axis(dim: int, ndim: int) -> int | None:
+    """One normalized axis, or None for a 0-dim tensor."""
+    return None if ndim == 0 else dim % ndim
+
+
+def _is_exact(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_
+
+
+def _integral_to_long(x, dtype):
+    """Casts for sum/prod/cumsum: explicit dtype, else int/bool -> int64."""
+    if dtype is not None:
+        return x.astype(to_numpy_dtype(dtype))
+    if _is_exact(x.dtype):
+        return x.astype(jnp.int64)
+    return x
+
+
+def _acc(x):
+    """Half-precision values accumulate in float32."""
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
+def _keep(value, x, axes: tuple[int, ...], keepdim: bool):
+    """`value` reduced over `axes` of `x`, reshaped for keepdim."""
+    if keepdim:
+        return value.reshape([1 if d in axes else s for d, s in enumerate(x.shape)])
+    return value
+
+
+# ---- sum, mean, prod ---------------------------------------------------------
+
+
+def _sum(x, dim, keepdim, dtype):
+    x = _integral_to_long(x, dtype)
+    out_dtype = x.dtype
+    return jnp.sum(_acc(x), axis=_axes(dim, x.ndim), keepdims=keepdim).astype(out_dtype)
+
+
+@lower(aten.sum.default)
+def sum_all(x, *, dtype=None):
+    return _sum(x, None, False, dtype)
+
+
+@lower(aten.sum.dim_IntList)
+def sum_dim(x, dim, keepdim=False, *, dtype=None):
+    return _sum(x, dim, keepdim, dtype)
+
+
+@lower(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
+    return _sum(x, dim, keepdim, dtype)
+
+
+def _mean(x, dim, keepdim, dtype):
+    if dtype is not None:
+        x = x.astype(to_numpy_dtype(dtype))
+    out_dtype = x.dtype
+    return jnp.mean(_acc(x), axis=_axes(dim, x.ndim), keepdims=keepdim).astype(out_dtype)
+
+
+@lower(aten.mean.default)
+def mean_all(x, *, dtype=None):
+    return _mean(x, None, False, dtype)
+
+
+@lower(aten.mean.dim)
+def mean_dim(x, dim, keepdim=False, *, dtype=None):
+    return _mean(x, dim, keepdim, dtype)
+
+
+def _prod(x, dim, keepdim, dtype):
+    x = _integral_to_long(x, dtype)
+    out_dtype = x.dtype
+    return jnp.prod(_acc(x), axis=_axes(dim, x.ndim), keepdims=keepdim).astype(out_dtype)
+
+
+@lower(aten.prod.default)
+def prod_all(x, *, dtype=None):
+    return _prod(x, None, False, dtype)
+
+
+@lower(aten.prod.dim_int)
+def prod_dim(x, dim, keepdim=False, *, dtype=None):
+    return _prod(x, dim, keepdim, dtype)
+
+
+# ---- max, min, argmax, argmin ---------------------------------------------------
+
+
+@lower(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@lower(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+def _require_nonempty(x, name: str) -> None:
+    # The meta kernels let these through; CPU raises.
+    if x.size == 0:
+        raise RuntimeError(
+            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument."
+        )
+
+
+def _require_dim_nonempty(x, axis: int | None, name: str) -> None:
+    if axis is not None and x.shape[axis] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {axis} to have non-zero size.")
+
+
+@lower(aten.max.default)
+def max_all(x):
+    _require_nonempty(x, "max")
+    return jnp.max(x)
+
+
+@lower(aten.min.default)
+def min_all(x):
+    _require_nonempty(x, "min")
+    return jnp.min(x)
+
+
+def _extreme_with_index(x, dim, keepdim, arg, name):
+    axis = _axis(dim, x.ndim)
+    _require_dim_nonempty(x, axis, name)
+    if axis is None:
+        return x, jnp.zeros((), jnp.int64)
+    idx = jnp.expand_dims(arg(x, axis=axis), axis)
+    values = jnp.take_along_axis(x, idx, axis=axis)
+    if not keepdim:
+        values, idx = values.squeeze(axis), idx.squeeze(axis)
+    return values, idx
+
+
+@lower(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return _extreme_with_index(x, dim, keepdim, jnp.argmax, "max")
+
+
+@lower(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    return _extreme_with_index(x, dim, keepdim, jnp.argmin, "min")
+
+
+def _arg_extreme(x, dim, keepdim, arg):
+    if dim is None:
+        idx = arg(x.reshape(-1))
+        return idx.reshape([1] * x.ndim) if keepdim else idx
+    axis = _axis(dim, x.ndim)
+    if axis is None:
+        return jnp.zeros((), jnp.int64)
+    return arg(x, axis=axis, keepdims=keepdim)
+
+
+@lower(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, jnp.argmax)
+
+
+@lower(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, jnp.argmin)
+
+
+@lower(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    axes = _axes(dim, x.ndim)
+    return jnp.min(x, axis=axes, keepdims=keepdim), jnp.max(x, axis=axes, keepdims=keepdim)
+
+
+# ---- var, std ------------------------------------------------------------------
+
+
+def _var_mean(x, dim, correction, keepdim):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        # meta accepts integer inputs here; CPU does not.
+        raise RuntimeError("std and var only support floating point and complex dtypes")
+    axes = _axes(dim, x.ndim)
+    xa = _acc(x)
+    mean = jnp.mean(xa, axis=axes, keepdims=True)
+    centered = xa - mean
+    sq = jnp.real(centered * jnp.conj(centered)) if jnp.iscomplexobj(xa) else centered * centered
+    n = int(np.prod([x.shape[d] for d in axes])) if axes else 1
+    c = 1 if correction is None else correction
+    var = jnp.sum(sq, axis=axes, keepdims=keepdim) / max(n - c, 0)
+    return var, mean if keepdim else mean.reshape(var.shape)
+
+
+@lower(aten.var.correction)
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)[0]
+
+
+@lower(aten.std.correction)
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(_var_mean(x, dim, correction, keepdim)[0])
+
+
+@lower(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)
+
+
+@lower(aten.std_mean.correction)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, m = _var_mean(x, dim, correction, keepdim)
+    return jnp.sqrt(v), m
+
+
+# ---- any, all ---------------------------------------------------------------------
+
+
+@lower(aten.any.default)
+def any_all(x):
+    return jnp.any(x != 0)
+
+
+@lower(aten.any.dim)
+def any_dim(x, dim, keepdim=False):
+    return jnp.any(x != 0, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@lower(aten.any.dims)
+def any_dims(x, dim=None, keepdim=False):
+    return jnp.any(x != 0, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@lower(aten.all.default)
+def all_all(x):
+    return jnp.all(x != 0)
+
+
+@lower(aten.all.dim)
+def all_dim(x, dim, keepdim=False):
+    return jnp.all(x != 0, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@lower(aten.all.dims)
+def all_dims(x, dim=None, keepdim=False):
+    return jnp.all(x != 0, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@lower(aten.count_nonzero.dim_IntList)
+def count_nonzero(x, dim):
+    return jnp.sum(x != 0, axis=_axes(dim, x.ndim), dtype=jnp.int64)
+
+
+# ---- logsumexp, norms ---------------------------------------------------------------
+
+
+@lower(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        x = x.astype(jnp.float32)
+    out_dtype = x.dtype
+    axes = _axes(dim, x.ndim)
+    if x.size == 0:
+        return jnp.full(jnp.sum(x, axis=axes, keepdims=keepdim).shape, -jnp.inf, out_dtype)
+    return jax.nn.logsumexp(_acc(x), axis=axes, keepdims=keepdim).astype(out_dtype)
+
+
+@lower(aten.linalg_vector_norm.default)
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = x.astype(to_numpy_dtype(dtype))
+    x = jnp.abs(x)
+    out_dtype = x.dtype
+    x = _acc(x)
+    axes = _axes(dim, x.ndim)
+    ord = float(ord)
+    if ord == float("inf"):
+        r = jnp.max(x, axis=axes, keepdims=keepdim)
+    elif ord == float("-inf"):
+        r = jnp.min(x, axis=axes, keepdims=keepdim)
+    elif ord == 0:
+        r = jnp.sum(x != 0, axis=axes, keepdims=keepdim).astype(x.dtype)
+    elif ord == 1:
+        r = jnp.sum(x, axis=axes, keepdims=keepdim)
+    elif ord == 2:
+        r = jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=keepdim))
+    else:
+        r = jnp.sum(x**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+    return r.astype(out_dtype)
+
+
+# ---- scans -------------------------------------------------------------------------
+
+
+def _scan(x, dim, fn):
+    if x.ndim == 0:
+        return fn(x.reshape(1), axis=0).reshape(())
+    return fn(x, axis=dim % x.ndim)
+
+
+@lower(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    x = _integral_to_long(x, dtype)
+    return _scan(_acc(x), dim, jnp.cumsum).astype(x.dtype)
+
+
+@lower(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    x = _integral_to_long(x, dtype)
+    return _scan(_acc(x), dim, jnp.cumprod).astype(x.dtype)
+
+
+def _cum_extreme(x, dim, better):
+    """Running extreme and the index where it was (last) reached; NaN sticks."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = dim % x.ndim
+    if x.shape[axis] == 0:
+        return x, jnp.zeros(x.shape, jnp.int64)
+    idx = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+    inexact = jnp.issubdtype(x.dtype, jnp.inexact)
+
+    def combine(a, b):
+        (av, ai), (bv, bi) = a, b
+        take_b = better(bv, av) | (bv == av)
+        if inexact:
+            take_b = jnp.isnan(bv) | (~jnp.isnan(av) & take_b)
+        return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
+
+    return lax.associative_scan(combine, (x, idx), axis=axis)
+
+
+@lower(aten.cummax.default)
+def cummax(x, dim):
+    return _cum_extreme(x, dim, jnp.greater)
+
+
+@lower(aten.cummin.default)
+def cummin(x, dim):
+    return _cum_extreme(x, dim, jnp.less)
+
+
+# ---- median, mode (sort based) ---------------------------------------------------
+
+
+def _nan_count(s, axis):
+    if jnp.issubdtype(s.dtype, jnp.inexact):
+        return jnp.sum(jnp.isnan(s), axis=axis, keepdims=True)
+    return jnp.zeros([1 if d == axis else n for d, n in enumerate(s.shape)], jnp.int64)
+
+
+def _median_along(x, axis: int, ignore_nan: bool):
+    """(values, indices) with the reduced axis kept, for a non-empty axis.
+
+    The lower median of the sorted values (NaN sorts last); median returns the
+    first NaN if there is one, nanmedian the median of the non-NaN values."""
+    s, i = sort_along(x, axis, descending=False)
+    n = x.shape[axis]
+    nans = _nan_count(s, axis)
+    if ignore_nan:
+        k = n - nans
+        pos = jnp.where(k > 0, (k - 1) // 2, (n - 1) // 2)
+    else:
+        pos = jnp.where(nans > 0, n - nans, (n - 1) // 2)
+    pos = pos.astype(jnp.int64)
+    return jnp.take_along_axis(s, pos, axis=axis), jnp.take_along_axis(i, pos, axis=axis)
+
+
+def _median_all(x, ignore_nan):
+    if x.size == 0:
+        return jnp.full((), jnp.nan, jnp.float32).astype(x.dtype)
+    return _median_along(x.reshape(-1), 0, ignore_nan)[0].reshape(())
+
+
+def _median_dim(x, dim, keepdim, ignore_nan, name):
+    axis = _axis(dim, x.ndim)
+    _require_dim_nonempty(x, axis, name)
+    if axis is None:
+        return x, jnp.zeros((), jnp.int64)
+    v, i = _median_along(x, axis, ignore_nan)
+    if not keepdim:
+        v, i = v.squeeze(axis), i.squeeze(axis)
+    return v, i
+
+
+@lower(aten.median.default)
+def median_all(x):
+    return _median_all(x, ignore_nan=False)
+
+
+@lower(aten.nanmedian.default)
+def nanmedian_all(x):
+    return _median_all(x, ignore_nan=True)
+
+
+@lower(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return _median_dim(x, dim, keepdim, False, "median")
+
+
+@lower(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median_dim(x, dim, keepdim, True, "nanmedian")
+
+
+@lower(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """The smallest most frequent value and the index of its last occurrence."""
+    axis = _axis(dim, x.ndim)
+    _require_dim_nonempty(x, axis, "mode")
+    if axis is None:
+        return x, jnp.zeros((), jnp.int64)
+    s, i = sort_along(x, axis, descending=False)
+    n = x.shape[axis]
+    pos = lax.broadcasted_iota(jnp.int64, s.shape, axis)
+    first = jnp.ones_like(lax.slice_in_dim(s, 0, 1, axis=axis), dtype=bool)
+    starts = jnp.concatenate(
+        [first, lax.slice_in_dim(s, 1, n, axis=axis) != lax.slice_in_dim(s, 0, n - 1, axis=axis)], axis=axis
+    )
+    run_start = lax.cummax(jnp.where(starts, pos, 0), axis=axis)
+    ends = jnp.concatenate([lax.slice_in_dim(starts, 1, n, axis=axis), first], axis=axis)
+    score = jnp.where(ends, pos - run_start + 1, 0)
+    best = jnp.expand_dims(jnp.argmax(score, axis=axis), axis)
+    v, idx = jnp.take_along_axis(s, best, axis=axis), jnp.take_along_axis(i, best, axis=axis)
+    if not keepdim:
+        v, idx = v.squeeze(axis), idx.squeeze(axis)
+    return v, idx
