@@ -1,1 +1,999 @@
-"""Lowerings."""
+"""Neural-network ops: convolution, pooling, softmax, losses, normalization,
+embedding backward, upsampling, grid sampling and cdist (forward and backward)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from torch_tpu.ops.registry import aten, lower
+
+_HIGHEST = lax.Precision.HIGHEST
+
+# at::Reduction
+_NONE, _MEAN, _SUM = 0, 1, 2
+
+
+def _ntuple(value, n: int) -> tuple[int, ...]:
+    if isinstance(value, (list, tuple)):
+        value = tuple(int(v) for v in value)
+        return value * n if len(value) == 1 else value
+    return (int(value),) * n
+
+
+def _compute_dtype(dtype):
+    """Half floats compute in float32 (CPU's opmath type)."""
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4:
+        return jnp.float32
+    return dtype
+
+
+def _up(x):
+    return None if x is None else x.astype(_compute_dtype(x.dtype))
+
+
+def _reduce(loss, reduction: int):
+    if reduction == _MEAN:
+        return jnp.mean(loss)
+    if reduction == _SUM:
+        return jnp.sum(loss)
+    return loss
+
+
+def _sum_to(x, shape):
+    """Sums a broadcast result back down to `shape`."""
+    shape = tuple(shape)
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and x.shape[i + lead] != 1)
+    return jnp.sum(x, axis=axes, keepdims=True).reshape(shape) if axes else x.reshape(shape)
+
+
+# ---- convolution ------------------------------------------------------------
+
+
+def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
+    nd = input.ndim - 2
+    stride, padding, dilation = _ntuple(stride, nd), _ntuple(padding, nd), _ntuple(dilation, nd)
+    spatial = "DHW"[3 - nd :] if nd <= 3 else None
+    dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+    out_dtype = input.dtype
+    preferred = jnp.float32 if _compute_dtype(out_dtype) != out_dtype else None
+    if not transposed:
+        out = lax.conv_general_dilated(
+            input, weight, stride, [(p, p) for p in padding], rhs_dilation=dilation, dimension_numbers=dn,
+            feature_group_count=groups, precision=_HIGHEST, preferred_element_type=preferred,
+        )
+        return out.astype(out_dtype)
+    # A transposed conv is the conv with a dilated input and the flipped, in/out-swapped kernel.
+    output_padding = _ntuple(output_padding, nd)
+    cin, cout_g, *kernel = weight.shape
+    w = weight.reshape(groups, cin // groups, cout_g, *kernel)
+    w = jnp.swapaxes(w, 1, 2).reshape(groups * cout_g, cin // groups, *kernel)
+    w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+    pads = [
+        (d * (k - 1) - p, d * (k - 1) - p + op)
+        for k, p, d, op in zip(kernel, padding, dilation, output_padding)
+    ]
+    out = lax.conv_general_dilated(
+        input, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=dn,
+        feature_group_count=groups, precision=_HIGHEST, preferred_element_type=preferred,
+    )
+    return out.astype(out_dtype)
+
+
+@lower(aten.convolution.default)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2)).astype(out.dtype)
+    return out
+
+
+@lower(aten.convolution_backward.default)
+def convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    def f(x, w):
+        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+
+    _, vjp = jax.vjp(f, input, weight)
+    grad_input, grad_weight = vjp(grad_output.astype(input.dtype))
+    grad_bias = None
+    if output_mask[2]:
+        axes = (0,) + tuple(range(2, grad_output.ndim))
+        grad_bias = jnp.sum(_up(grad_output), axis=axes)
+    return (
+        grad_input if output_mask[0] else None,
+        grad_weight if output_mask[1] else None,
+        grad_bias,
+    )
+
+
+# ---- pooling ----------------------------------------------------------------
+
+
+def _pool_out_size(size, k, pad, stride, dilation, ceil_mode) -> int:
+    """at::pooling_output_shape."""
+    out = (size + 2 * pad - dilation * (k - 1) - 1 + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _pool_params(nd, kernel_size, stride, padding, dilation):
+    kernel = _ntuple(kernel_size, nd)
+    stride = _ntuple(stride, nd) if stride not in (None, [], ()) else kernel
+    return kernel, stride, _ntuple(padding, nd), _ntuple(dilation, nd)
+
+
+def _windows(x, nd, kernel, stride, padding, dilation, ceil_mode, fill):
+    """Every kernel tap's strided view of the padded input, stacked on axis -nd-1:
+    (..., K, *out); with a static (K, *out) mask of taps inside the input and
+    their flat in-plane indices."""
+    sizes = x.shape[-nd:]
+    outs = [_pool_out_size(s, k, p, st, d, ceil_mode) for s, k, p, st, d in zip(sizes, kernel, padding, stride, dilation)]
+    lead = x.ndim - nd
+    pads = [(0, 0, 0)] * lead
+    for s, k, p, st, d, o in zip(sizes, kernel, padding, stride, dilation, outs):
+        pads.append((p, (o - 1) * st + (k - 1) * d + 1 - s - p, 0))
+    xp = lax.pad(x, jnp.array(fill, x.dtype), pads)
+    taps, valid, index = [], [], []
+    for offs in itertools.product(*[range(k) for k in kernel]):
+        start = [0] * lead + [o * d for o, d in zip(offs, dilation)]
+        limit = list(xp.shape[:lead]) + [s + (o - 1) * st + 1 for s, o, st in zip(start[lead:], outs, stride)]
+        taps.append(lax.slice(xp, start, limit, [1] * lead + list(stride)))
+        coords = np.meshgrid(
+            *[np.arange(o) * st - p + off * d for o, st, p, off, d in zip(outs, stride, padding, offs, dilation)],
+            indexing="ij",
+        )
+        inside = np.ones(outs, bool)
+        flat = np.zeros(outs, np.int64)
+        for c, s in zip(coords, sizes):
+            inside &= (c >= 0) & (c < s)
+            flat = flat * s + c
+        valid.append(inside)
+        index.append(flat)
+    return jnp.stack(taps, axis=lead), np.stack(valid), np.stack(index)
+
+
+def _lowest(dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -np.inf
+    return jnp.iinfo(dtype).min
+
+
+def _max_select(taps, valid, index, axis):
+    """Max over the tap axis and CPU's index: the first max, or the last nan."""
+    valid = jnp.asarray(valid)
+    m = jnp.max(taps, axis=axis)
+    hit = (taps == jnp.expand_dims(m, axis)) & valid
+    k = jnp.argmax(hit, axis=axis)
+    if jnp.issubdtype(taps.dtype, jnp.floating):
+        nan = jnp.isnan(taps) & valid
+        last_nan = taps.shape[axis] - 1 - jnp.argmax(jnp.flip(nan, axis), axis=axis)
+        k = jnp.where(jnp.any(nan, axis=axis), last_nan, k)
+    idx = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(index), taps.shape), jnp.expand_dims(k, axis), axis)
+    return m, jnp.squeeze(idx, axis).astype(jnp.int64)
+
+
+def _max_pool(nd, self, kernel_size, stride, padding, dilation, ceil_mode):
+    kernel, stride, padding, dilation = _pool_params(nd, kernel_size, stride, padding, dilation)
+    taps, valid, index = _windows(self, nd, kernel, stride, padding, dilation, ceil_mode, _lowest(self.dtype))
+    return _max_select(taps, valid, index, self.ndim - nd)
+
+
+@lower(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(2, self, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lower(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(3, self, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _scatter_to_plane(grad, indices, input_shape, nd):
+    """grad_input: each grad element added at its flat in-plane index."""
+    lead = input_shape[: len(input_shape) - nd]
+    plane = math.prod(input_shape[len(input_shape) - nd :])
+    batch = math.prod(lead)
+    g = _up(grad).reshape(batch, -1)
+    idx = indices.reshape(batch, -1)
+    out = jnp.zeros((batch, plane), g.dtype).at[jnp.arange(batch)[:, None], idx].add(g, mode="drop")
+    return out.reshape(input_shape)
+
+
+@lower(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 2)
+
+
+@lower(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 3)
+
+
+def _avg_divisor(size, k, pad, stride, out, count_include_pad):
+    """Per-output divisor along one dim, as in CPU's avg_pool kernels."""
+    start = np.arange(out) * stride - pad
+    end = np.minimum(start + k, size + pad)
+    pool = end - start
+    valid = np.minimum(end, size) - np.maximum(start, 0)
+    return pool if count_include_pad else valid
+
+
+def _avg_pool(nd, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    kernel, stride, padding, _ = _pool_params(nd, kernel_size, stride, padding, 1)
+    x = _up(self)
+    sizes = x.shape[-nd:]
+    outs = [_pool_out_size(s, k, p, st, 1, ceil_mode) for s, k, p, st in zip(sizes, kernel, padding, stride)]
+    lead = x.ndim - nd
+    pads = [(0, 0, 0)] * lead + [
+        (p, (o - 1) * st + k - s - p, 0) for s, k, p, st, o in zip(sizes, kernel, padding, stride, outs)
+    ]
+    xp = lax.pad(x, jnp.array(0, x.dtype), pads)
+    total = lax.reduce_window(xp, np.array(0, x.dtype), lax.add, (1,) * lead + kernel, (1,) * lead + stride, "VALID")
+    if divisor_override:
+        return total / divisor_override
+    divisor = np.ones(outs, np.float64)
+    for d, (s, k, p, st, o) in enumerate(zip(sizes, kernel, padding, stride, outs)):
+        shape = [1] * nd
+        shape[d] = o
+        divisor = divisor * _avg_divisor(s, k, p, st, o, count_include_pad).reshape(shape)
+    # Windows lying wholly in the padding give 0, not 0/0.
+    divisor = np.where(divisor > 0, divisor, 1)
+    return total / jnp.asarray(divisor, x.dtype)
+
+
+@lower(aten.avg_pool2d.default)
+def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(2, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lower(aten.avg_pool3d.default)
+def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(3, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _linear_backward(f, grad_output, self):
+    """The vjp of a linear function f of self at grad_output."""
+    _, vjp = jax.vjp(f, jnp.zeros(self.shape, _compute_dtype(self.dtype)))
+    return vjp(_up(grad_output))[0]
+
+
+@lower(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    return _linear_backward(
+        lambda x: _avg_pool(2, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        grad_output,
+        self,
+    )
+
+
+@lower(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    return _linear_backward(
+        lambda x: _avg_pool(3, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        grad_output,
+        self,
+    )
+
+
+def _adaptive_bounds(size: int, out: int):
+    i = np.arange(out)
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+def _adaptive_avg_pool(nd, self, output_size):
+    x = _up(self)
+    for d, out in enumerate(_ntuple(output_size, nd)):
+        axis = x.ndim - nd + d
+        size = x.shape[axis]
+        start, end = _adaptive_bounds(size, out)
+        j = np.arange(size)
+        m = ((j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])) / (end - start)[:, None]
+        x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(m.T, x.dtype), axes=([axis], [0]), precision=_HIGHEST), -1, axis)
+    return x
+
+
+@lower(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(self, output_size):
+    return _adaptive_avg_pool(2, self, output_size)
+
+
+@lower(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(self, output_size):
+    return _adaptive_avg_pool(3, self, output_size)
+
+
+@lower(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(grad_output, self):
+    return _linear_backward(lambda x: _adaptive_avg_pool(2, x, grad_output.shape[-2:]), grad_output, self)
+
+
+@lower(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad_output, self):
+    return _linear_backward(lambda x: _adaptive_avg_pool(3, x, grad_output.shape[-3:]), grad_output, self)
+
+
+@lower(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    nd = 2
+    sizes = self.shape[-nd:]
+    outs = _ntuple(output_size, nd)
+    taps_idx = []
+    for size, out in zip(sizes, outs):
+        start, end = _adaptive_bounds(size, out)
+        k = int(np.max(end - start))
+        taps_idx.append(np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1))  # (out, k)
+    (hi, wi) = taps_idx
+    # (..., oh, kh, ow, kw) -> (..., kh*kw, oh, ow)
+    g = self[..., hi[:, :, None, None], wi[None, None, :, :]]
+    lead = self.ndim - nd
+    g = jnp.moveaxis(g, (lead + 1, lead + 3), (lead, lead + 1))
+    g = g.reshape(self.shape[:lead] + (-1,) + outs)
+    flat = (hi[:, :, None, None] * sizes[1] + wi[None, None, :, :]).transpose(1, 3, 0, 2).reshape(-1, *outs)
+    return _max_select(g, np.ones(flat.shape, bool), flat, lead)
+
+
+@lower(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 2)
+
+
+# ---- softmax ----------------------------------------------------------------
+
+
+def _softmax_impl(x, dim, log):
+    if x.ndim == 0:
+        return jnp.zeros_like(x) if log else jnp.ones_like(x)
+    x = _up(x)
+    return jax.nn.log_softmax(x, axis=dim) if log else jax.nn.softmax(x, axis=dim)
+
+
+@lower(aten._softmax.default)
+def softmax(self, dim, half_to_float):
+    return _softmax_impl(self, dim, log=False)
+
+
+@lower(aten._log_softmax.default)
+def log_softmax(self, dim, half_to_float):
+    return _softmax_impl(self, dim, log=True)
+
+
+@lower(aten._softmax_backward_data.default)
+def softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = _up(grad_output), _up(output)
+    if y.ndim == 0:
+        return g * 0
+    return y * (g - jnp.sum(g * y, axis=dim, keepdims=True))
+
+
+@lower(aten._log_softmax_backward_data.default)
+def log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = _up(grad_output), _up(output)
+    if y.ndim == 0:
+        return g * 0
+    return g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)
+
+
+# ---- losses -----------------------------------------------------------------
+
+
+def _nll_parts(self, target, weight, ignore_index):
+    """Per-sample picked log-probabilities and weights; self has classes last."""
+    keep = target != ignore_index
+    safe = jnp.where(keep, target, 0).astype(jnp.int32)
+    x = _up(self)
+    picked = jnp.take_along_axis(x, safe[..., None], axis=-1)[..., 0]
+    w = jnp.ones((), x.dtype) if weight is None else _up(weight)[safe]
+    return picked, jnp.where(keep, w, 0).astype(x.dtype), safe
+
+
+def _nll_forward(self, target, weight, reduction, ignore_index, batched):
+    picked, w, _ = _nll_parts(self, target, weight, ignore_index)
+    w = jnp.broadcast_to(w, picked.shape)
+    loss = -picked * w
+    total = jnp.sum(w)
+    if reduction == _NONE:
+        return loss, (jnp.zeros((), total.dtype) if batched else total)
+    if reduction == _MEAN:
+        return jnp.sum(loss) / total, total
+    return jnp.sum(loss), total
+
+
+def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    _, w, safe = _nll_parts(self, target, weight, ignore_index)
+    g = _up(grad_output)
+    if reduction == _MEAN:
+        g = g / total_weight
+    scale = -jnp.broadcast_to(w, safe.shape) * g
+    return jax.nn.one_hot(safe, self.shape[-1], dtype=scale.dtype) * scale[..., None]
+
+
+@lower(aten.nll_loss_forward.default)
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    return _nll_forward(self, target, weight, reduction, ignore_index, batched=self.ndim == 2)
+
+
+@lower(aten.nll_loss_backward.default)
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    return _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
+
+
+@lower(aten.nll_loss2d_forward.default)
+def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
+    return _nll_forward(jnp.moveaxis(self, 1, -1), target, weight, reduction, ignore_index, batched=True)
+
+
+@lower(aten.nll_loss2d_backward.default)
+def nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    grad = _nll_backward(grad_output, jnp.moveaxis(self, 1, -1), target, weight, reduction, ignore_index, total_weight)
+    return jnp.moveaxis(grad, -1, 1)
+
+
+def _loss_grad_scale(grad_output, diff, reduction):
+    g = _up(grad_output)
+    if reduction == _MEAN:
+        g = g / diff.size
+    return g
+
+
+@lower(aten.mse_loss.default)
+def mse_loss(self, target, reduction=_MEAN):
+    d = _up(self) - _up(target)
+    return _reduce(d * d, reduction)
+
+
+@lower(aten.mse_loss_backward.default)
+def mse_loss_backward(grad_output, self, target, reduction):
+    d = _up(self) - _up(target)
+    return _sum_to(2 * d * _loss_grad_scale(grad_output, d, reduction), self.shape)
+
+
+@lower(aten.smooth_l1_loss.default)
+def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
+    d = jnp.abs(_up(self) - _up(target))
+    if beta == 0:
+        return _reduce(d, reduction)
+    return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
+
+
+@lower(aten.smooth_l1_loss_backward.default)
+def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
+    d = _up(self) - _up(target)
+    if beta == 0:
+        local = jnp.sign(d)
+    else:
+        local = jnp.where(d < -beta, -1.0, jnp.where(d > beta, 1.0, d / beta)).astype(d.dtype)
+    return _sum_to(local * _loss_grad_scale(grad_output, d, reduction), self.shape)
+
+
+@lower(aten.huber_loss.default)
+def huber_loss(self, target, reduction=_MEAN, delta=1.0):
+    d = jnp.abs(_up(self) - _up(target))
+    return _reduce(jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+
+
+@lower(aten.huber_loss_backward.default)
+def huber_loss_backward(grad_output, self, target, reduction, delta):
+    d = _up(self) - _up(target)
+    return _sum_to(jnp.clip(d, -delta, delta) * _loss_grad_scale(grad_output, d, reduction), self.shape)
+
+
+@lower(aten.binary_cross_entropy.default)
+def binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
+    x, t = _up(self), _up(target)
+    loss = -(t * jnp.maximum(jnp.log(x), -100.0) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100.0))
+    if weight is not None:
+        loss = loss * _up(weight)
+    return _reduce(loss, reduction)
+
+
+@lower(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=_MEAN):
+    x, t = _up(self), _up(target)
+    grad = (x - t) / jnp.maximum((1 - x) * x, 1e-12) * _loss_grad_scale(grad_output, x, reduction)
+    if weight is not None:
+        grad = grad * _up(weight)
+    return grad
+
+
+@lower(aten.binary_cross_entropy_with_logits.default)
+def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=_MEAN):
+    x, t = _up(self), _up(target)
+    log_weight = 1.0 if pos_weight is None else (_up(pos_weight) - 1) * t + 1
+    loss = (1 - t) * x - log_weight * jax.nn.log_sigmoid(x)
+    if weight is not None:
+        loss = loss * _up(weight)
+    return _reduce(loss, reduction)
+
+
+# ---- normalization ----------------------------------------------------------
+
+
+def _moments(x, axes):
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    return mean, var
+
+
+@lower(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    x = _up(input)
+    axis = input.ndim - len(normalized_shape)
+    axes = tuple(range(axis, input.ndim))
+    mean, var = _moments(x, axes)
+    rstd = lax.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * _up(weight)
+    if bias is not None:
+        out = out + _up(bias)
+    return out, mean, rstd
+
+
+@lower(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    x, g = _up(input), _up(grad_out)
+    axis = input.ndim - len(normalized_shape)
+    axes = tuple(range(axis, input.ndim))
+    x_hat = (x - mean) * rstd
+    gw = g if weight is None else g * _up(weight)
+    grad_input = rstd * (
+        gw - jnp.mean(gw, axis=axes, keepdims=True) - x_hat * jnp.mean(gw * x_hat, axis=axes, keepdims=True)
+    )
+    lead = tuple(range(axis))
+    grad_weight = jnp.sum(g * x_hat, axis=lead) if output_mask[1] and weight is not None else None
+    grad_bias = jnp.sum(g, axis=lead) if output_mask[2] and bias is not None else None
+    return grad_input if output_mask[0] else None, grad_weight, grad_bias
+
+
+def _channel(v, ndim):
+    """A per-channel vector shaped to broadcast against (N, C, *)."""
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _bn_train(input, weight, bias, eps):
+    x = _up(input)
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean, var = _moments(x, axes)
+    invstd = lax.rsqrt(var + eps)
+    out = (x - mean) * invstd
+    if weight is not None:
+        out = out * _channel(_up(weight), x.ndim)
+    if bias is not None:
+        out = out + _channel(_up(bias), x.ndim)
+    return out, mean.reshape(-1), invstd.reshape(-1), var.reshape(-1)
+
+
+def _bn_eval(input, weight, bias, running_mean, running_var, eps):
+    x = _up(input)
+    invstd = lax.rsqrt(_up(running_var) + eps)
+    out = (x - _channel(_up(running_mean), x.ndim)) * _channel(invstd, x.ndim)
+    if weight is not None:
+        out = out * _channel(_up(weight), x.ndim)
+    if bias is not None:
+        out = out + _channel(_up(bias), x.ndim)
+    return out
+
+
+def _updated_stats(input, mean, var, running_mean, running_var, momentum):
+    n = input.size // input.shape[1]
+    unbiased = var * (n / max(n - 1, 1))
+    new_mean = (1 - momentum) * _up(running_mean) + momentum * mean
+    new_var = (1 - momentum) * _up(running_var) + momentum * unbiased
+    return new_mean, new_var
+
+
+@lower(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        out, mean, invstd = native_batch_norm_legit_no_training(
+            input, weight, bias, running_mean, running_var, momentum, eps
+        )
+        return out, mean, invstd, running_mean, running_var
+    out, mean, invstd, var = _bn_train(input, weight, bias, eps)
+    new_mean, new_var = _updated_stats(input, mean, var, running_mean, running_var, momentum)
+    return out, mean, invstd, new_mean, new_var
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
+    out, mean, invstd, _ = _bn_train(input, weight, bias, eps)
+    return out, mean, invstd
+
+
+@lower(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    out = _bn_eval(input, weight, bias, running_mean, running_var, eps)
+    # PyTorch's meta kernel gives these (C,) outputs; they are the running statistics.
+    return out, _up(running_mean), lax.rsqrt(_up(running_var) + eps)
+
+
+@lower(aten._batch_norm_with_update.default)
+def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, var = _bn_train(input, weight, bias, eps)
+    new_mean, new_var = _updated_stats(input, mean, var, running_mean, running_var, momentum)
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
+@lower(aten.native_batch_norm.default, eager=True)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Routes to the _native_batch_norm_legit family, whose schemas declare that
+    training updates running_mean/running_var in place (native_batch_norm's does not)."""
+    if training and running_mean is not None and running_var is not None:
+        return aten._native_batch_norm_legit.default(
+            input, weight, bias, running_mean, running_var, True, momentum, eps
+        )
+    if training:
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, True, momentum, eps)
+    out, mean, _ = aten._native_batch_norm_legit_no_training.default(
+        input, weight, bias, running_mean, running_var, momentum, eps
+    )
+    # As on CPU, evaluation saves no statistics.
+    empty = mean.new_empty((0,))
+    return out, empty, empty
+
+
+def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask):
+    x, g = _up(input), _up(grad_out)
+    axes = (0,) + tuple(range(2, x.ndim))
+    if train:
+        mean, invstd = _up(save_mean), _up(save_invstd)
+    else:
+        mean, invstd = _up(running_mean), lax.rsqrt(_up(running_var) + eps)
+    mean, invstd = _channel(mean, x.ndim), _channel(invstd, x.ndim)
+    w = jnp.ones((), x.dtype) if weight is None else _channel(_up(weight), x.ndim)
+    x_hat = (x - mean) * invstd
+    grad_input = None
+    if output_mask[0]:
+        if train:
+            grad_input = w * invstd * (
+                g - jnp.mean(g, axis=axes, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=axes, keepdims=True)
+            )
+        else:
+            grad_input = g * w * invstd
+    grad_weight = jnp.sum(g * x_hat, axis=axes) if output_mask[1] else None
+    grad_bias = jnp.sum(g, axis=axes) if output_mask[2] else None
+    return grad_input, grad_weight, grad_bias
+
+
+@lower(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
+    return _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+
+
+@lower(aten.batch_norm_backward.default)
+def batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve
+):
+    train = save_mean is not None and save_mean.size > 0
+    return _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask)
+
+
+@lower(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    x = _up(input).reshape(N, group, -1)
+    mean, var = _moments(x, (2,))
+    rstd = lax.rsqrt(var + eps)
+    out = ((x - mean) * rstd).reshape(N, C, -1)
+    if weight is not None:
+        out = out * _up(weight)[None, :, None]
+    if bias is not None:
+        out = out + _up(bias)[None, :, None]
+    return out.reshape(input.shape), mean.reshape(N, group), rstd.reshape(N, group)
+
+
+@lower(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    x = _up(input).reshape(N, group, -1)
+    g = _up(grad_out).reshape(N, C, -1)
+    mean, rstd = _up(mean)[..., None], _up(rstd)[..., None]
+    x_hat = (x - mean) * rstd
+    gw = (g if weight is None else g * _up(weight)[None, :, None]).reshape(N, group, -1)
+    grad_input = rstd * (gw - jnp.mean(gw, axis=2, keepdims=True) - x_hat * jnp.mean(gw * x_hat, axis=2, keepdims=True))
+    x_hat_c = x_hat.reshape(N, C, -1)
+    grad_weight = jnp.sum(g * x_hat_c, axis=(0, 2)) if output_mask[1] else None
+    grad_bias = jnp.sum(g, axis=(0, 2)) if output_mask[2] else None
+    return grad_input.reshape(input.shape) if output_mask[0] else None, grad_weight, grad_bias
+
+
+# ---- embedding --------------------------------------------------------------
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    idx = indices.reshape(-1)
+    g = _up(grad_output).reshape(idx.shape[0], -1)
+    if padding_idx >= 0:
+        g = jnp.where((idx == padding_idx)[:, None], 0, g)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
+
+
+# ---- upsampling -------------------------------------------------------------
+
+
+def _nearest_index(out_size: int, in_size: int, scale) -> np.ndarray:
+    """at::native::nearest_idx, in float32 as on CPU."""
+    i = np.arange(out_size)
+    if out_size == in_size:
+        return i
+    if out_size == 2 * in_size:
+        return i >> 1
+    s = np.float32(1.0 / scale) if scale is not None and scale > 0 else np.float32(in_size) / np.float32(out_size)
+    return np.minimum(np.floor(i.astype(np.float32) * s).astype(np.int64), in_size - 1)
+
+
+def _upsample_nearest(x, output_size, scales):
+    nd = len(output_size)
+    for d, (out, scale) in enumerate(zip(output_size, scales)):
+        axis = x.ndim - nd + d
+        x = jnp.take(x, _nearest_index(out, x.shape[axis], scale), axis=axis)
+    return x
+
+
+def _linear_taps(out_size: int, in_size: int, align_corners: bool, scale, dtype):
+    """Source indices and weights of linear interpolation along one dim (CPU's
+    area_pixel_compute_source_index, in the op's compute type)."""
+    dtype = np.float64 if dtype == np.float64 else np.float32
+    if align_corners:
+        s = dtype(in_size - 1) / dtype(out_size - 1) if out_size > 1 else dtype(0)
+        src = s * np.arange(out_size, dtype=dtype)
+    else:
+        s = dtype(1.0 / scale) if scale is not None and scale > 0 else dtype(in_size) / dtype(out_size)
+        src = np.maximum(s * (np.arange(out_size, dtype=dtype) + dtype(0.5)) - dtype(0.5), dtype(0))
+    i0 = src.astype(np.int64)
+    i1 = i0 + (i0 < in_size - 1)
+    l1 = np.clip(src - i0, 0, 1).astype(dtype)
+    return i0, i1, (1 - l1).astype(dtype), l1
+
+
+def _upsample_linear(x, output_size, align_corners, scales):
+    nd = len(output_size)
+    for d, (out, scale) in enumerate(zip(output_size, scales)):
+        axis = x.ndim - nd + d
+        i0, i1, l0, l1 = _linear_taps(out, x.shape[axis], align_corners, scale, x.dtype)
+        shape = [1] * x.ndim
+        shape[axis] = out
+        l0, l1 = jnp.asarray(l0.reshape(shape), x.dtype), jnp.asarray(l1.reshape(shape), x.dtype)
+        x = jnp.take(x, i0, axis=axis) * l0 + jnp.take(x, i1, axis=axis) * l1
+    return x
+
+
+@lower(aten.upsample_nearest1d.default)
+def upsample_nearest1d(self, output_size, scales=None):
+    return _upsample_nearest(self, tuple(output_size), (scales,))
+
+
+@lower(aten.upsample_nearest2d.default)
+def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, tuple(output_size), (scales_h, scales_w))
+
+
+@lower(aten.upsample_nearest3d.default)
+def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, tuple(output_size), (scales_d, scales_h, scales_w))
+
+
+def _upsample_backward(f, grad_output, input_size):
+    _, vjp = jax.vjp(f, jnp.zeros(tuple(input_size), _compute_dtype(grad_output.dtype)))
+    return vjp(_up(grad_output))[0]
+
+
+@lower(aten.upsample_nearest1d_backward.default)
+def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
+    return _upsample_backward(lambda x: _upsample_nearest(x, tuple(output_size), (scales,)), grad_output, input_size)
+
+
+@lower(aten.upsample_nearest2d_backward.default)
+def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+    return _upsample_backward(
+        lambda x: _upsample_nearest(x, tuple(output_size), (scales_h, scales_w)), grad_output, input_size
+    )
+
+
+@lower(aten.upsample_nearest3d_backward.default)
+def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_backward(
+        lambda x: _upsample_nearest(x, tuple(output_size), (scales_d, scales_h, scales_w)), grad_output, input_size
+    )
+
+
+@lower(aten.upsample_linear1d.default)
+def upsample_linear1d(self, output_size, align_corners, scales=None):
+    return _upsample_linear(_up(self), tuple(output_size), align_corners, (scales,))
+
+
+@lower(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_linear(_up(self), tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_linear(_up(self), tuple(output_size), align_corners, (scales_d, scales_h, scales_w))
+
+
+@lower(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
+    return _upsample_backward(
+        lambda x: _upsample_linear(x, tuple(output_size), align_corners, (scales,)), grad_output, input_size
+    )
+
+
+@lower(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_backward(
+        lambda x: _upsample_linear(x, tuple(output_size), align_corners, (scales_h, scales_w)), grad_output, input_size
+    )
+
+
+@lower(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(
+    grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None
+):
+    return _upsample_backward(
+        lambda x: _upsample_linear(x, tuple(output_size), align_corners, (scales_d, scales_h, scales_w)),
+        grad_output,
+        input_size,
+    )
+
+
+# ---- grid sampling ----------------------------------------------------------
+
+_BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
+_ZEROS, _BORDER, _REFLECTION = 0, 1, 2
+
+
+def _unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    coord = jnp.abs(coord - low)
+    extra = jnp.fmod(coord, span)
+    flips = jnp.floor(coord / span)
+    return jnp.where(flips % 2 == 0, extra + low, span - extra + low)
+
+
+def _pad_coord(coord, size, padding_mode, align_corners):
+    """at::native::compute_coordinates."""
+    if padding_mode == _BORDER:
+        return jnp.clip(coord, 0, size - 1)
+    if padding_mode == _REFLECTION:
+        if align_corners:
+            coord = _reflect(coord, 0, 2 * (size - 1))
+        else:
+            coord = _reflect(coord, -1, 2 * size - 1)
+        return jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+def _gather2d(input, iy, ix):
+    """input[n, :, iy, ix] with zeros outside; iy/ix (N, Ho, Wo) integer."""
+    H, W = input.shape[-2:]
+    inside = (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+    cy, cx = jnp.clip(iy, 0, H - 1), jnp.clip(ix, 0, W - 1)
+    n = jnp.arange(input.shape[0])[:, None, None]
+    v = input[n, :, cy, cx]  # (N, Ho, Wo, C)
+    return jnp.moveaxis(jnp.where(inside[..., None], v, 0), -1, 1)
+
+
+def _cubic_weights(t):
+    a = -0.75
+    x1 = t + 1
+    x2 = t
+    x3 = 1 - t
+    x4 = 2 - t
+
+    def near(x):
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return far(x1), near(x2), near(x3), far(x4)
+
+
+def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
+    H, W = input.shape[-2:]
+    gx = _unnormalize(grid[..., 0], W, align_corners)
+    gy = _unnormalize(grid[..., 1], H, align_corners)
+    if interpolation_mode == _BICUBIC:
+        x0, y0 = jnp.floor(gx), jnp.floor(gy)
+        wx, wy = _cubic_weights(gx - x0), _cubic_weights(gy - y0)
+        out = 0
+        for i in range(4):
+            for j in range(4):
+                py = _pad_coord(y0 - 1 + i, H, padding_mode, align_corners)
+                px = _pad_coord(x0 - 1 + j, W, padding_mode, align_corners)
+                v = _gather2d(input, py.astype(jnp.int32), px.astype(jnp.int32))
+                out = out + v * (wy[i] * wx[j])[:, None]
+        return out
+    gx = _pad_coord(gx, W, padding_mode, align_corners)
+    gy = _pad_coord(gy, H, padding_mode, align_corners)
+    if interpolation_mode == _NEAREST:
+        return _gather2d(input, jnp.round(gy).astype(jnp.int32), jnp.round(gx).astype(jnp.int32))
+    x0, y0 = jnp.floor(gx), jnp.floor(gy)
+    tx, ty = gx - x0, gy - y0
+    x0i, y0i = x0.astype(jnp.int32), y0.astype(jnp.int32)
+    out = 0
+    for dy, wy in ((0, 1 - ty), (1, ty)):
+        for dx, wx in ((0, 1 - tx), (1, tx)):
+            out = out + _gather2d(input, y0i + dy, x0i + dx) * (wy * wx)[:, None]
+    return out
+
+
+@lower(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(_up(input), _up(grid), interpolation_mode, padding_mode, align_corners)
+
+
+@lower(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    _, vjp = jax.vjp(
+        lambda x, g: _grid_sample(x, g, interpolation_mode, padding_mode, align_corners), _up(input), _up(grid)
+    )
+    grad_input, grad_grid = vjp(_up(grad_output))
+    return grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None
+
+
+# ---- cdist ------------------------------------------------------------------
+
+
+def _pairwise_diff(x1, x2):
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+    x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+    return x1[..., :, None, :] - x2[..., None, :, :]
+
+
+@lower(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode):
+    d = jnp.abs(_pairwise_diff(_up(x1), _up(x2)))
+    if p == 0:
+        return jnp.sum(d != 0, axis=-1).astype(d.dtype)
+    if p == 1:
+        return jnp.sum(d, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(d * d, axis=-1))
+    if math.isinf(p):
+        return jnp.max(d, axis=-1, initial=0)
+    return jnp.sum(d**p, axis=-1) ** (1 / p)
+
+
+@lower(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, cdist):
+    diff = _pairwise_diff(_up(x1), _up(x2))
+    g, dist = _up(grad)[..., None], _up(cdist)[..., None]
+    if p == 0:
+        local = jnp.zeros_like(diff)
+    elif p == 1:
+        local = jnp.sign(diff)
+    elif p == 2:
+        local = jnp.where(dist == 0, 0, diff / jnp.where(dist == 0, 1, dist))
+    elif math.isinf(p):
+        local = jnp.sign(diff) * (jnp.abs(diff) == dist)
+    else:
+        safe = jnp.where(dist == 0, 1, dist)
+        local = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
+        local = jnp.where((dist == 0) | ((diff == 0) & (p < 1)), 0, local)
+    return jnp.sum(local * g, axis=-2).reshape(x1.shape)
+

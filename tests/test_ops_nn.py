@@ -1,0 +1,375 @@
+"""nn lowerings (conv, pooling, softmax, losses, norms, upsampling, ...) equal CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import torch_tpu
+
+# Ops owned by other lowering modules (elementwise, reductions, factories,
+# indexing): tolerated in the fallback list here, so these tests pin only the
+# nn ops. Every nn op these tests reach must be native.
+FOREIGN = {
+    "abs", "add", "any", "arange", "div", "eq", "fill_", "gather", "index_select", "masked_fill_",
+    "masked_select", "mean", "bitwise_not", "mul", "ne", "neg", "sgn", "sigmoid", "sigmoid_backward", "sub", "sum",
+    "where", "zero_", "exp", "log", "clone", "copy_", "ones_like", "zeros_like", "expand", "select",
+}
+
+
+def _name(op: str) -> str:
+    return op.split(".")[1]
+
+
+def native_only(fn):
+    """Runs fn and fails if an op outside FOREIGN fell back to CPU."""
+    torch_tpu.metrics.reset()
+    result = fn()
+    ops = torch_tpu.metrics.counters()["cpu_fallback_ops"]
+    own = {op: n for op, n in ops.items() if _name(op) not in FOREIGN}
+    assert not own, f"nn ops fell back to CPU: {own}"
+    return result
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def compare(fn, *inputs, grad=True, rtol=1e-5, atol=1e-5, seed=0):
+    """fn(*inputs) and, for float inputs, its vjp with a random cotangent: tpu vs CPU."""
+    def prepare(device):
+        out = []
+        for x in inputs:
+            if isinstance(x, torch.Tensor):
+                y = x.detach().to(device)
+                if grad and y.is_floating_point():
+                    y.requires_grad_()
+                out.append(y)
+            else:
+                out.append(x)
+        return out
+
+    cpu_in = prepare("cpu")
+    cpu_out = _as_tuple(fn(*cpu_in))
+    tpu_in = prepare("tpu")
+
+    def run_tpu():
+        outs = _as_tuple(fn(*tpu_in))
+        grads = None
+        if grad:
+            diff = [(o, c) for o, c in zip(outs, cpu_out) if o.requires_grad]
+            g = torch.Generator().manual_seed(seed)
+            cots = [torch.randn(c.shape, generator=g, dtype=c.dtype) for _, c in diff]
+            wrt = [x for x in tpu_in if isinstance(x, torch.Tensor) and x.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in diff], wrt, [c.to("tpu") for c in cots], allow_unused=True)
+            cpu_wrt = [x for x in cpu_in if isinstance(x, torch.Tensor) and x.requires_grad]
+            cpu_grads = torch.autograd.grad([c for _, c in diff], cpu_wrt, cots, allow_unused=True)
+            return outs, grads, cpu_grads
+        return outs, None, None
+
+    outs, grads, cpu_grads = native_only(run_tpu)
+    for o, c in zip(outs, cpu_out):
+        assert o.device.type == "tpu"
+        torch.testing.assert_close(o.cpu(), c, rtol=rtol, atol=atol, equal_nan=True)
+    if grad:
+        for g, c in zip(grads, cpu_grads):
+            if c is None:
+                assert g is None
+            else:
+                torch.testing.assert_close(g.cpu(), c, rtol=rtol, atol=atol)
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+# ---- convolution ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cin,cout,k,stride,padding,dilation,groups,bias",
+    [
+        (3, 4, 3, 1, 0, 1, 1, True),
+        (4, 6, 3, 2, 1, 1, 2, False),
+        (4, 4, (3, 2), (2, 1), (1, 0), (2, 1), 4, True),
+        (2, 3, 1, 1, 0, 1, 1, True),
+    ],
+)
+def test_conv2d(cin, cout, k, stride, padding, dilation, groups, bias):
+    kh, kw = (k, k) if isinstance(k, int) else k
+    x, w = rand(2, cin, 9, 8), rand(cout, cin // groups, kh, kw)
+    b = rand(cout) if bias else None
+    compare(
+        lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups),
+        x, w, b, rtol=1e-4, atol=1e-4,
+    )
+
+
+def test_conv2d_noncontiguous_input():
+    x = rand(2, 8, 7, 3).permute(0, 3, 1, 2)  # channels-last layout
+    compare(lambda x, w: F.conv2d(x, w, padding=1), x, rand(5, 3, 3, 3), rtol=1e-4, atol=1e-4)
+
+
+def test_conv1d_and_conv3d():
+    compare(lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1), rand(2, 3, 11), rand(4, 3, 3), rand(4),
+            rtol=1e-4, atol=1e-4)
+    compare(lambda x, w: F.conv3d(x, w, padding=1, groups=2), rand(1, 4, 4, 5, 3), rand(2, 2, 3, 3, 3),
+            rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride,padding,output_padding,groups,dilation", [(2, 1, 1, 1, 1), (1, 0, 0, 2, 1), (3, 2, 2, 1, 2)])
+def test_conv_transpose2d(stride, padding, output_padding, groups, dilation):
+    x, w = rand(2, 4, 5, 4), rand(4, 3, 3, 3)
+    compare(
+        lambda x, w, b: F.conv_transpose2d(x, w, b, stride=stride, padding=padding, output_padding=output_padding,
+                                           groups=groups, dilation=dilation),
+        x, w, rand(3 * groups), rtol=1e-4, atol=1e-4,
+    )
+
+
+def test_conv_transpose1d():
+    compare(lambda x, w: F.conv_transpose1d(x, w, stride=2, output_padding=1), rand(2, 3, 6), rand(3, 2, 4),
+            rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_bfloat16():
+    x, w = rand(1, 3, 6, 6, dtype=torch.bfloat16), rand(4, 3, 3, 3, dtype=torch.bfloat16)
+    compare(lambda x, w: F.conv2d(x, w), x, w, grad=False, rtol=2e-2, atol=2e-2)
+
+
+# ---- pooling ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "k,stride,padding,dilation,ceil_mode",
+    [(2, None, 0, 1, False), (3, 2, 1, 1, False), (3, 2, 1, 1, True), ((3, 2), (2, 1), (1, 0), (2, 1), True)],
+)
+def test_max_pool2d(k, stride, padding, dilation, ceil_mode):
+    x = rand(2, 3, 9, 8)
+    compare(
+        lambda x: F.max_pool2d(x, k, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=True), x
+    )
+
+
+def test_max_pool2d_ties_and_3d_input():
+    x = torch.tensor([[[1.0, 1.0, 0.0], [1.0, -float("inf"), 2.0], [2.0, 2.0, 2.0]]])  # (1, 3, 3), ties
+    compare(lambda x: F.max_pool2d(x, 2, 1, return_indices=True), x)
+    compare(lambda x: F.max_pool2d(x, 3, 2, padding=1, return_indices=True), torch.full((1, 1, 4, 4), -float("inf")),
+            grad=False)
+
+
+def test_max_pool_int_and_3d():
+    x = torch.randint(-50, 50, (2, 2, 6, 6))
+    compare(lambda x: F.max_pool2d(x, 2, return_indices=True), x, grad=False)
+    compare(lambda x: F.max_pool3d(x, 2, return_indices=True), rand(1, 2, 4, 4, 5))
+
+
+@pytest.mark.parametrize(
+    "k,stride,padding,ceil_mode,count_include_pad,divisor_override",
+    [(2, None, 0, False, True, None), (3, 2, 1, False, True, None), (3, 2, 1, True, False, None),
+     (3, 2, 1, True, True, None), (2, 1, 1, False, True, 3)],
+)
+def test_avg_pool2d(k, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    compare(
+        lambda x: F.avg_pool2d(x, k, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        rand(2, 3, 7, 8),
+    )
+
+
+def test_avg_pool3d():
+    compare(lambda x: F.avg_pool3d(x, 2, padding=1, ceil_mode=True), rand(1, 2, 4, 5, 3))
+
+
+@pytest.mark.parametrize("out", [(2, 3), (3, 3), (5, 7), (4, 1)])
+def test_adaptive_pools(out):
+    x = rand(2, 3, 7, 6)
+    compare(lambda x: F.adaptive_avg_pool2d(x, out), x)
+    compare(lambda x: F.adaptive_max_pool2d(x, out, return_indices=True), x)
+
+
+# ---- softmax ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_log_softmax(dim):
+    x = rand(3, 4, 5)
+    compare(lambda x: F.softmax(x, dim), x)
+    compare(lambda x: F.log_softmax(x, dim), x)
+    compare(lambda x: F.softmax(x.transpose(0, 2), dim), x)
+
+
+def test_softmax_half_to_float_and_bfloat16():
+    x = rand(4, 6, dtype=torch.bfloat16)
+    compare(lambda x: F.softmax(x, -1), x, rtol=1e-2, atol=1e-2)
+    compare(lambda x: F.log_softmax(x, -1, dtype=torch.float32), x, rtol=1e-5, atol=1e-5)
+    # CPU has no half_to_float kernel: compare with the float32 softmax of the same values.
+    out = native_only(lambda: torch.ops.aten._softmax(x.to("tpu"), 1, True))
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.cpu(), torch.softmax(x.float(), 1))
+
+
+# ---- losses -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_cross_entropy(reduction):
+    x = rand(6, 5)
+    y = torch.tensor([0, 4, 2, -100, 1, 4])
+    w = torch.rand(5) + 0.5
+    compare(lambda x: F.cross_entropy(x, y.to(x.device), reduction=reduction), x)
+    compare(lambda x: F.cross_entropy(x, y.to(x.device), w.to(x.device), reduction=reduction), x)
+    compare(lambda x: F.cross_entropy(x, y.clamp(min=0).to(x.device), ignore_index=4, reduction=reduction), x)
+
+
+def test_cross_entropy_label_smoothing_and_probabilities():
+    x = rand(6, 5)
+    y = torch.tensor([0, 4, 2, 3, 1, 4])
+    compare(lambda x: F.cross_entropy(x, y.to(x.device), label_smoothing=0.1), x)
+    p = torch.softmax(rand(6, 5), -1)
+    compare(lambda x, p: F.cross_entropy(x, p, label_smoothing=0.2), x, p)
+
+
+def test_cross_entropy_2d_and_nll():
+    x = rand(2, 4, 3, 5)
+    y = torch.randint(0, 4, (2, 3, 5))
+    y[0, 0, 0] = -100
+    w = torch.rand(4) + 0.5
+    for reduction in ("none", "mean", "sum"):
+        compare(lambda x, r=reduction: F.cross_entropy(x, y.to(x.device), w.to(x.device), reduction=r), x)
+    compare(lambda x: F.nll_loss(x, torch.tensor(2, device=x.device)), rand(5))
+    compare(lambda x: F.nll_loss(torch.log_softmax(x, 1), torch.tensor([1, 0, 2], device=x.device)), rand(3, 3))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_regression_losses(reduction):
+    x, t = rand(4, 5), rand(4, 5)
+    compare(lambda x, t: F.mse_loss(x, t, reduction=reduction), x, t)
+    compare(lambda x, t: F.l1_loss(x, t, reduction=reduction), x, t)
+    compare(lambda x, t: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.5), x, t)
+    compare(lambda x, t: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.0), x, t)
+    compare(lambda x, t: F.huber_loss(x, t, reduction=reduction, delta=0.7), x, t)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_binary_cross_entropy(reduction):
+    p = torch.rand(4, 5) * 0.98 + 0.01
+    t = torch.rand(4, 5)
+    w = torch.rand(5)
+    pw = torch.rand(5) + 0.5
+
+    def on(v, x):
+        return v.to(x.device)
+
+    compare(lambda p: F.binary_cross_entropy(p, on(t, p), reduction=reduction), p)
+    compare(lambda p: F.binary_cross_entropy(p, on(t, p), on(w, p), reduction=reduction), p)
+    x = rand(4, 5)
+    compare(lambda x: F.binary_cross_entropy_with_logits(x, on(t, x), reduction=reduction), x)
+    compare(lambda x: F.binary_cross_entropy_with_logits(x, on(t, x), on(w, x), reduction=reduction,
+                                                         pos_weight=on(pw, x)), x)
+
+
+# ---- normalization ----------------------------------------------------------
+
+
+def test_layer_norm():
+    x = rand(3, 4, 6)
+    compare(lambda x, w, b: F.layer_norm(x, (6,), w, b), x, rand(6), rand(6))
+    compare(lambda x, w, b: F.layer_norm(x, (4, 6), w, b, eps=1e-3), x, rand(4, 6), rand(4, 6))
+    compare(lambda x: F.layer_norm(x.transpose(0, 1), (3, 6)), x)
+    compare(lambda x: F.layer_norm(x, (6,)), rand(2, 6, dtype=torch.bfloat16), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (4, 3, 5), (2, 3, 4, 5)])
+def test_batch_norm_train_updates_running_stats(shape):
+    x = rand(*shape)
+    stats = {}
+
+    def run(x, w, b):
+        rm = torch.zeros(3, device=x.device)
+        rv = torch.ones(3, device=x.device)
+        out = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.3, eps=1e-4)
+        stats[x.device.type] = (rm, rv)
+        return out
+
+    compare(run, x, rand(3), rand(3))
+    for tpu, cpu in zip(stats["tpu"], stats["cpu"]):
+        torch.testing.assert_close(tpu.cpu(), cpu, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_eval_and_no_stats():
+    x = rand(4, 3, 5)
+    rm, rv = rand(3), torch.rand(3) + 0.5
+    compare(lambda x, w, b: F.batch_norm(x, rm.to(x.device), rv.to(x.device), w, b, training=False), x, rand(3), rand(3))
+    compare(lambda x: F.batch_norm(x, None, None, training=True), x)
+
+
+def test_batch_norm_module():
+    m = torch.nn.BatchNorm2d(3, momentum=0.2)
+    mt = torch.nn.BatchNorm2d(3, momentum=0.2).to("tpu")
+    x = rand(2, 3, 4, 4)
+
+    def steps():
+        for _ in range(2):
+            mt(x.to("tpu"))
+        mt.eval()
+        return mt(x.to("tpu"))
+
+    out = native_only(steps)
+    for _ in range(2):
+        m(x)
+    m.eval()
+    torch.testing.assert_close(out.cpu(), m(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mt.running_mean.cpu(), m.running_mean)
+    torch.testing.assert_close(mt.running_var.cpu(), m.running_var)
+    assert mt.num_batches_tracked.item() == 2
+
+
+def test_group_norm():
+    x = rand(2, 6, 4, 3)
+    compare(lambda x, w, b: F.group_norm(x, 3, w, b), x, rand(6), rand(6))
+    compare(lambda x: F.group_norm(x, 2, eps=1e-3), rand(3, 4, 5))
+
+
+# ---- embedding, upsampling, grid sampling, cdist ------------------------------
+
+
+def test_embedding_backward():
+    idx = torch.tensor([[0, 2, 2], [4, 0, 1]])
+    compare(lambda w: F.embedding(idx.to(w.device), w), rand(5, 3))
+    compare(lambda w: F.embedding(idx.to(w.device), w, padding_idx=2), rand(5, 3))
+    compare(lambda w: F.embedding(idx.to(w.device), w, scale_grad_by_freq=True), rand(5, 3))
+
+
+@pytest.mark.parametrize("kwargs", [{"scale_factor": 2}, {"size": (7, 5)}, {"scale_factor": 1.7}, {"size": (3, 2)}])
+def test_upsample_nearest(kwargs):
+    compare(lambda x: F.interpolate(x, mode="nearest", **kwargs), rand(2, 3, 4, 5))
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("kwargs", [{"scale_factor": 2}, {"size": (7, 9)}, {"scale_factor": 0.6}, {"size": (1, 3)}])
+def test_upsample_bilinear(align_corners, kwargs):
+    compare(lambda x: F.interpolate(x, mode="bilinear", align_corners=align_corners, **kwargs), rand(2, 3, 4, 5))
+
+
+def test_upsample_1d_3d():
+    compare(lambda x: F.interpolate(x, scale_factor=1.5, mode="linear"), rand(2, 3, 5))
+    compare(lambda x: F.interpolate(x, size=7, mode="nearest"), rand(2, 3, 5))
+    compare(lambda x: F.interpolate(x, size=(3, 4, 5), mode="trilinear", align_corners=True), rand(1, 2, 2, 3, 4))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample(mode, padding_mode, align_corners):
+    x = rand(2, 3, 5, 4)
+    grid = torch.rand(2, 3, 6, 2) * 2.4 - 1.2
+    compare(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
+            x, grid, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, 0.5, float("inf")])
+def test_cdist(p):
+    x1, x2 = rand(2, 4, 3), rand(2, 5, 3)
+    x2[0, 1] = x1[0, 2]  # a zero distance
+    compare(lambda a, b: torch.cdist(a, b, p=p), x1, x2, rtol=1e-4, atol=1e-5, grad=p != 0.5)
