@@ -287,7 +287,8 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list) -> _Entr
         result = fn(*pos, **kw)
         result = list(result) if isinstance(result, (tuple, list)) else [result]
         if plan.derived:
-            fresh, mutated = [], result
+            # A list-returning functional op (_foreach_*) gives ([values],): flatten it.
+            fresh, mutated = [], _flatten_values(result)
         else:
             fresh, mutated = result[: plan.num_fresh], result[plan.num_fresh :]
             mutated = _flatten_values(mutated)
