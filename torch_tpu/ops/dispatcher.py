@@ -250,7 +250,19 @@ def _fresh_meta(plan: _OpPlan, meta_result) -> list:
     return [results[i] for i, (kind, _) in enumerate(plan.returns) if kind == "fresh"]
 
 
-def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list) -> _Entry:
+def _storage_aliases(plan: _OpPlan, bound: list) -> tuple[int, ...] | None:
+    """For each mutable tensor, the first mutable tensor sharing its storage (e.g.
+    _foreach_add_ on views of one base), or None when no two share one."""
+    if len(plan.mutable) == 1 and not isinstance(bound[plan.mutable[0]], (list, tuple)):
+        return None
+    seen: dict[int, int] = {}
+    groups = []
+    for i, t in enumerate(_mutable_tensors(plan, bound)):
+        groups.append(i if t is None else seen.setdefault(t.untyped_storage().data_ptr(), i))
+    return tuple(groups) if any(g != i for i, g in enumerate(groups)) else None
+
+
+def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=None) -> _Entry:
     counter = [0]
     template = [_template(v, call, counter) for v in bound]
     meta_args = [_meta_device(_substitute(v, _meta_tensor)) for v in template]
@@ -294,11 +306,15 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list) -> _Entr
             mutated = _flatten_values(mutated)
         fresh_out = [_conform_tree(v, m, plan.op) for v, m in zip(fresh, fresh_meta)]
         new_buffers = []
-        for slot, value in zip(mutable_slots, mutated):
+        latest = {}  # storage group -> its buffer with the writes so far
+        for k, (slot, value) in enumerate(zip(mutable_slots, mutated)):
             if slot is None:
                 new_buffers.append(None)
                 continue
-            new_buffers.append(geo.write(inputs[slot.index], slot.geom, jnp.broadcast_to(value, slot.geom.sizes)))
+            group = aliases[k] if aliases else k
+            buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, jnp.broadcast_to(value, slot.geom.sizes))
+            latest[group] = buf
+            new_buffers.append(buf)
         flat_out, entry.out_tree = jax.tree_util.tree_flatten((fresh_out, new_buffers))
         return flat_out
 
@@ -365,10 +381,11 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         bound = plan.bind(args, kwargs)
         call = _Call()
         sig = tuple(call.walk(v) for v in bound)
-        key = (op, sig, torch.get_default_dtype())  # factories and wrapped floats depend on it
+        aliases = _storage_aliases(plan, bound) if plan.mutable else None
+        key = (op, sig, torch.get_default_dtype(), aliases)  # factories and wrapped floats depend on dtype
         entry = _cache.get(key)
         if entry is None:
-            entry = _build(plan, lowering, call, bound)
+            entry = _build(plan, lowering, call, bound, aliases)
             if plan.out_names and _resize_out_args(plan, bound, entry):
                 return kernel(*args, **kwargs)
             _cache.put(key, entry)
