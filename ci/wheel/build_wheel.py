@@ -1,0 +1,134 @@
+"""Writes a platform wheel (PEP 427) for build_defs/wheel.bzl's torch_tpu_wheel rule.
+
+The zip is deterministic: entries are sorted and carry a fixed timestamp, so the same inputs
+give the same bytes (and Bazel's caches hit).
+"""
+
+import argparse
+import base64
+import hashlib
+import re
+import sys
+import zipfile
+
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def _normalize(name):
+    """PEP 503 name normalisation (jinja2 == Jinja2, opt_einsum == opt-einsum)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_lock(path):
+    """Returns {normalized name: version} for the `name==version` lines of a lock file."""
+    pins = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;]+)", line)
+            if not m:
+                raise SystemExit("%s:%d: expected NAME==VERSION, got %r" % (path, lineno, line))
+            pins[_normalize(m.group(1))] = m.group(2)
+    return pins
+
+
+def _record_hash(data):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return "sha256=" + digest.decode("ascii")
+
+
+def _escape(name):
+    """Wheel file name component escaping (PEP 427)."""
+    return re.sub(r"[^\w\d.]+", "_", name, flags=re.UNICODE)
+
+
+def build(args):
+    pins = read_lock(args.lock)
+    requires = []
+    for name in args.pin:
+        version = pins.get(_normalize(name))
+        if version is None:
+            raise SystemExit("%s does not pin %s" % (args.lock, name))
+        requires.append("%s==%s" % (name, version))
+    for expect in args.expect_pin:
+        name, version = expect.split("==", 1)
+        locked = pins.get(_normalize(name))
+        if locked != version:
+            raise SystemExit(
+                "the build expects %s==%s (for torch: --//:torch_version), but %s pins %s==%s. "
+                "Build with the matching flag or update the lock." % (name, version, args.lock, name, locked)
+            )
+
+    dist_info = "%s-%s.dist-info" % (_escape(args.name), _escape(args.version))
+    metadata = ["Metadata-Version: 2.1", "Name: " + args.name, "Version: " + args.version]
+    if args.summary:
+        metadata.append("Summary: " + args.summary)
+    if args.requires_python:
+        metadata.append("Requires-Python: " + args.requires_python)
+    metadata += ["Requires-Dist: " + r for r in requires]
+    wheel = [
+        "Wheel-Version: 1.0",
+        "Generator: torch_tpu ci/wheel/build_wheel.py",
+        "Root-Is-Purelib: false",
+        "Tag: " + args.tag,
+    ]
+
+    files = {}
+    for spec in args.file:
+        path, src = spec.split("=", 1)
+        if path.startswith("/") or ".." in path.split("/") or path.startswith(dist_info + "/"):
+            raise SystemExit("bad path in wheel: %r" % path)
+        files[path] = src
+
+    generated = {
+        dist_info + "/METADATA": ("\n".join(metadata) + "\n").encode(),
+        dist_info + "/WHEEL": ("\n".join(wheel) + "\n").encode(),
+    }
+    with open(args.entry_points, "rb") as f:
+        entry_points = f.read()
+    if entry_points.strip():
+        generated[dist_info + "/entry_points.txt"] = entry_points
+
+    record = []
+    with zipfile.ZipFile(args.out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+
+        def write(path, data, executable=False):
+            info = zipfile.ZipInfo(path, date_time=_ZIP_EPOCH)
+            info.external_attr = (0o755 if executable else 0o644) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+            record.append("%s,%s,%d" % (path, _record_hash(data), len(data)))
+
+        for path in sorted(files):
+            with open(files[path], "rb") as f:
+                data = f.read()
+            write(path, data, executable=path.endswith(".so"))
+        for path in sorted(generated):
+            write(path, generated[path])
+        record_path = dist_info + "/RECORD"
+        record.append(record_path + ",,")
+        info = zipfile.ZipInfo(record_path, date_time=_ZIP_EPOCH)
+        info.external_attr = 0o644 << 16
+        zf.writestr(info, "\n".join(record) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, fromfile_prefix_chars="@")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--version", required=True)
+    parser.add_argument("--tag", required=True, help="python-abi-platform, e.g. cp311-cp311-linux_x86_64")
+    parser.add_argument("--summary", default="")
+    parser.add_argument("--requires_python", default="")
+    parser.add_argument("--lock", required=True)
+    parser.add_argument("--pin", action="append", default=[])
+    parser.add_argument("--expect_pin", action="append", default=[])
+    parser.add_argument("--entry_points", required=True)
+    parser.add_argument("--file", action="append", default=[], help="PATH_IN_WHEEL=SOURCE")
+    build(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
