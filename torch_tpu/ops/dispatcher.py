@@ -38,6 +38,22 @@ class _TensorSlot:
         self.geom = geom
 
 
+class _WrappedNumber:
+    """A Python number torch passed for a Tensor argument (`x + 2`): traced like a CPU 0-dim tensor."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _wrap_numbers(bound: list, positions: tuple[int, ...]) -> None:
+    for i in positions:
+        v = bound[i]
+        if isinstance(v, (bool, float)) or (isinstance(v, int) and -(2**63) <= v < 2**63):
+            bound[i] = _WrappedNumber(v)
+
+
 class _ScalarSlot:
     """A CPU 0-dim tensor: traced as a weakly typed scalar."""
 
@@ -88,6 +104,10 @@ class _Call:
         self.generator = None
 
     def walk(self, x):
+        if isinstance(x, _WrappedNumber):
+            self.inputs.append(x.value)
+            self.tensors.append(None)
+            return ("number", type(x.value))
         if isinstance(x, torch.Tensor):
             if x.device.type == "tpu":
                 index = x.device.index
@@ -122,6 +142,9 @@ class _Call:
 
 def _template(x, call: _Call, counter: list[int]):
     """`x` with tensors replaced by slots, in the same order as _Call.walk."""
+    if isinstance(x, _WrappedNumber):
+        counter[0] += 1
+        return _ScalarSlot(counter[0] - 1, x.value)
     if isinstance(x, torch.Tensor):
         i = counter[0]
         counter[0] += 1
@@ -192,6 +215,7 @@ class _OpPlan:
                 self.returns.append(("fresh", fresh))
                 fresh += 1
         self.num_fresh = fresh
+        self.tensor_args = tuple(i for i, a in enumerate(schema.arguments) if str(a.type) in ("Tensor", "Optional[Tensor]"))
         self.generator_index = next(
             (i for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)), None
         )
@@ -379,6 +403,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
 
     def kernel(*args, **kwargs):
         bound = plan.bind(args, kwargs)
+        _wrap_numbers(bound, plan.tensor_args)
         call = _Call()
         sig = tuple(call.walk(v) for v in bound)
         aliases = _storage_aliases(plan, bound) if plan.mutable else None
