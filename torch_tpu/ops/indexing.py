@@ -97,7 +97,8 @@ def _oob(v, d, size):
 
 def lower_checked(op, check: Callable, *, variants: bool = True) -> Callable:
     """Registers jax function `fn` as `op`'s kernel behind the eager host `check`,
-    and likewise for its in-place and out= variants."""
+    and likewise for its in-place and out= variants. `check` raises, or returns
+    None or replacement (args, kwargs) for the kernel."""
 
     def register(fn: Callable) -> Callable:
         ops = [(op, False)]
@@ -113,7 +114,9 @@ def lower_checked(op, check: Callable, *, variants: bool = True) -> Callable:
 
 def _guarded(kernel: Callable, check: Callable) -> Callable:
     def run(*args, **kwargs):
-        check(*args, **kwargs)
+        replaced = check(*args, **kwargs)
+        if replaced is not None:
+            args, kwargs = replaced
         return kernel(*args, **kwargs)
 
     run.__name__ = kernel.__name__
@@ -355,7 +358,15 @@ def index_fill(x, dim, index, value):
     return _index_update(x, dim, index, value, "set")
 
 
-@lower_checked(aten.index_fill.int_Tensor, _index_fill_check)
+def _index_fill_tensor_check(self, dim, index, value, *args, **kwargs):
+    _index_fill_check(self, dim, index)
+    if value.device.type == "cpu" and self.device.type == "tpu":
+        # meta rejects a CPU value tensor; CUDA-style, it is a scalar.
+        return (self, dim, index, value.to(self.device), *args), kwargs
+    return None
+
+
+@lower_checked(aten.index_fill.int_Tensor, _index_fill_tensor_check)
 def index_fill_tensor(x, dim, index, value):
     return _index_update(x, dim, index, jnp.asarray(value).reshape(()), "set")
 
@@ -370,6 +381,18 @@ def _take_check(self, index, *args, **kwargs):
 @lower_checked(aten.take.default, _take_check)
 def take(x, index):
     return x.reshape(-1)[index]
+
+
+def _put_check(self, index, source, *args, **kwargs):
+    _take_check(self, index)
+
+
+@lower_checked(aten.put.default, _put_check)
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    src = source.reshape(-1).astype(x.dtype)
+    ref = flat.at[index.reshape(-1)]
+    return (ref.add(src) if accumulate else ref.set(src)).reshape(x.shape)
 
 
 # ---- nonzero and masks ---------------------------------------------------------------
@@ -511,9 +534,11 @@ def _prepare_indices(self: torch.Tensor, indices) -> list:
     checks = []
     for d, t in enumerate(out):
         if t is not None and d not in from_mask:
+            # CPU's message counts dimensions among the index tensors only.
+            k = sum(u is not None for u in out[:d])
             size = self.shape[d]
-            checks.append((t, -size, size, lambda v, d=d, size=size: IndexError(
-                f"index {v} is out of bounds for dimension {d} with size {size}")))
+            checks.append((t, -size, size, lambda v, k=k, size=size: IndexError(
+                f"index {v} is out of bounds for dimension {k} with size {size}")))
     _check_ranges(checks)
     return [t if t is None or t.device == self.device else t.to(self.device) for t in out]
 
@@ -565,8 +590,28 @@ def _meta_check(self, indices, values, accumulate) -> None:
     _meta_checked.add(key)
 
 
+def _type_name(dtype: torch.dtype) -> str:
+    """ATen's name of a dtype ("Float", "Long", ...), as its messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
 @lower(aten._index_put_impl_.default, eager=True)
 def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
+    masks = [i for i in indices if i is not None]
+    # CPU's masked_fill shortcut (one mask, a CPU scalar value) casts the value.
+    masked_fill = (
+        not accumulate
+        and values.numel() == 1
+        and values.device.type == "cpu"
+        and len(masks) == 1
+        and masks[0].dtype in (torch.bool, torch.uint8)
+        and masks[0].device == self.device
+    )
+    if values.dtype != self.dtype and not masked_fill:
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{_type_name(self.dtype)} for the destination and {_type_name(values.dtype)} for the source."
+        )
     tensors = [(d, i) for d, i in enumerate(indices) if i is not None]
     if (
         len(tensors) == 1
@@ -674,7 +719,9 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
         uniq, group, counts = _groups(flat, flags, _count_true(flags))
         inverse = group.reshape(tuple(self.shape))
     else:
+        # With a dim, CPU returns the inverse and counts whether asked or not.
         uniq, inverse, counts = _unique_rows(self, dim, consecutive=True)
+        return from_jax(uniq, dev), from_jax(inverse, dev), from_jax(counts, dev)
     return (
         from_jax(uniq, dev),
         from_jax(inverse, dev) if return_inverse else _empty_long(dev),

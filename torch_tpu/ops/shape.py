@@ -1,1 +1,166 @@
-"""Lowerings."""
+"""Shape ops that compute new values: cat/stack, flip, roll, repeat, tril/triu,
+padding and its backward, and the *_scatter ops autograd uses for views.
+
+Views (view, reshape, transpose, permute, expand, select, slice, narrow,
+split, unbind, diagonal, as_strided, ...) are not lowered: the C++ view
+kernels and torch's composite kernels make them alias storage as on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
+from torch_tpu.ops.registry import aten, lower
+
+
+def _promoted(arrays) -> jnp.dtype:
+    """torch's result dtype of tensors of these dtypes."""
+    dtype = functools.reduce(torch.promote_types, (to_torch_dtype(a.dtype) for a in arrays))
+    return jnp.dtype(to_numpy_dtype(dtype))
+
+
+@lower(aten.cat.default)
+def cat(tensors, dim=0):
+    dtype = _promoted(tensors)
+    # Legacy rule: 1-d empty tensors are skipped whatever the other shapes.
+    kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not kept:
+        return jnp.zeros((0,), dtype)
+    axis = dim % kept[0].ndim
+    return jnp.concatenate([t.astype(dtype) for t in kept], axis=axis)
+
+
+@lower(aten.stack.default)
+def stack(tensors, dim=0):
+    dtype = _promoted(tensors)
+    return jnp.stack([t.astype(dtype) for t in tensors], axis=dim % (tensors[0].ndim + 1))
+
+
+@lower(aten.flip.default)
+def flip(x, dims):
+    if x.ndim == 0 or not dims:
+        return x
+    return jnp.flip(x, tuple(d % x.ndim for d in dims))
+
+
+@lower(aten.roll.default)
+def roll(x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), tuple(d % x.ndim for d in dims))
+
+
+@lower(aten.repeat.default)
+def repeat(x, repeats):
+    lead = len(repeats) - x.ndim
+    return jnp.tile(x.reshape((1,) * lead + x.shape), tuple(repeats))
+
+
+@lower(aten.tril.default)
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@lower(aten.triu.default)
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+# ---- padding -------------------------------------------------------------------------
+
+
+def _pairs(pad, ndim: int) -> list[tuple[int, int]]:
+    """torch's pad list (last dim first, (before, after) each) per dimension."""
+    pairs = [(0, 0)] * ndim
+    for i in range(len(pad) // 2):
+        pairs[ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return pairs
+
+
+@lower(aten.constant_pad_nd.default)
+def constant_pad_nd(x, pad, value=0):
+    fill = jnp.asarray(value).astype(x.dtype)
+    return lax.pad(x, fill, [(lo, hi, 0) for lo, hi in _pairs(pad, x.ndim)])
+
+
+def _pad_fn(mode: str, padding):
+    return lambda x: jnp.pad(x, _pairs(padding, x.ndim), mode=mode)
+
+
+def _pad_backward(mode: str, grad_output, x, padding):
+    _, vjp = jax.vjp(_pad_fn(mode, padding), jnp.zeros(x.shape, grad_output.dtype))
+    return vjp(grad_output)[0]
+
+
+@lower(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)
+def reflection_pad(x, padding):
+    return _pad_fn("reflect", padding)(x)
+
+
+@lower(aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default)
+def replication_pad(x, padding):
+    return _pad_fn("edge", padding)(x)
+
+
+@lower(
+    aten.reflection_pad1d_backward.default,
+    aten.reflection_pad2d_backward.default,
+    aten.reflection_pad3d_backward.default,
+)
+def reflection_pad_backward(grad_output, x, padding):
+    return _pad_backward("reflect", grad_output, x, padding)
+
+
+@lower(
+    aten.replication_pad1d_backward.default,
+    aten.replication_pad2d_backward.default,
+    aten.replication_pad3d_backward.default,
+)
+def replication_pad_backward(grad_output, x, padding):
+    return _pad_backward("edge", grad_output, x, padding)
+
+
+# ---- *_scatter: the functional inverses of views ---------------------------------------
+
+
+@lower(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    if x.ndim == 0:
+        return src.astype(x.dtype).reshape(())
+    axis = dim % x.ndim
+    index = (slice(None),) * axis + (slice(start, end, step),)
+    return x.at[index].set(src.astype(x.dtype))
+
+
+@lower(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    axis = dim % x.ndim
+    i = index % x.shape[axis]
+    return x.at[(slice(None),) * axis + (i,)].set(src.astype(x.dtype))
+
+
+@lower(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = dim1 % x.ndim, dim2 % x.ndim
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    n = src.shape[-1]
+    rows = jnp.arange(n) + max(-offset, 0)
+    cols = jnp.arange(n) + max(offset, 0)
+    moved = moved.at[..., rows, cols].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+@lower(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """Writes `src` through as_strided(size, stride, offset) of a contiguous copy of `x`."""
+    flat = x.reshape(-1)
+    index = jnp.full(tuple(size), storage_offset or 0, jnp.int64)
+    for d, (n, st) in enumerate(zip(size, stride)):
+        index = index + lax.broadcasted_iota(jnp.int64, tuple(size), d) * st
+    return flat.at[index.reshape(-1)].set(src.astype(x.dtype).reshape(-1)).reshape(x.shape)
