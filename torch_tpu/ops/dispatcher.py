@@ -290,7 +290,10 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
     counter = [0]
     template = [_template(v, call, counter) for v in bound]
     meta_args = [_meta_device(_substitute(v, _meta_tensor)) for v in template]
-    meta_result = _call_schema(plan.op, plan, meta_args)
+    try:
+        meta_result = _call_schema(plan.op, plan, meta_args)
+    except Exception as meta_error:
+        _raise_cpu_error(plan, lowering, template, meta_error)
     fresh_meta = _fresh_meta(plan, meta_result)
     mutable_slots = _flatten_values([template[i] for i in plan.mutable])
     fn = lowering.fn
@@ -372,6 +375,30 @@ def _factory_device(bound: list) -> int:
         if isinstance(v, torch.device):
             return v.index if v.index is not None else _C._current_device()
     return _C._current_device()
+
+
+def _raise_cpu_error(plan: _OpPlan, lowering: Lowering, template: list, meta_error: Exception):
+    """Meta kernels (often Python refs) word errors differently from CPU: raise CPU's
+    own error for the same call on small CPU stand-ins, if it has one."""
+
+    def stand_in(slot):
+        if isinstance(slot, _ScalarSlot):
+            return slot.tensor
+        return torch.ones(slot.geom.sizes, dtype=_NUMPY_TO_TORCH[slot.geom.dtype])
+
+    def on_cpu(x):
+        return torch.device("cpu") if isinstance(x, torch.device) and x.type == "tpu" else x
+
+    slots: list = []
+    _substitute(template, lambda s: slots.append(s) or s)
+    small = all(isinstance(s, _ScalarSlot) or s.geom.numel <= 1 << 16 for s in slots)
+    if small and not lowering.random:
+        args = [on_cpu(_substitute(v, stand_in)) for v in template]
+        try:
+            _call_schema(plan.op, plan, args)
+        except Exception as cpu_error:
+            raise cpu_error from None
+    raise meta_error
 
 
 def _call_schema(op: OpOverload, plan: _OpPlan, bound: list):
