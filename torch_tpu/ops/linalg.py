@@ -1,1 +1,325 @@
-"""Lowerings."""
+"""Matrix products and linear algebra: mm/bmm/addmm family, decompositions, solves."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from torch_tpu import metrics
+from torch_tpu.ops.dispatcher import from_jax, to_jax
+from torch_tpu.ops.registry import aten, lower
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def _is_low_float(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
+
+
+def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+    """jnp.matmul at full precision; half floats accumulate in float32, as on CPU."""
+    if _is_low_float(a.dtype) and a.dtype == b.dtype:
+        return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32).astype(a.dtype)
+    return jnp.matmul(a, b, precision=_HIGHEST)
+
+
+def _scaled_sum(self, product, beta, alpha):
+    """beta * self + alpha * product; beta == 0 ignores self (even nan/inf), as in torch."""
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:
+        return jnp.broadcast_to(product, jnp.broadcast_shapes(self.shape, product.shape))
+    if beta != 1:
+        self = self * beta
+    return self + product
+
+
+@lower(aten.mm.default)
+def mm(self, mat2):
+    return matmul(self, mat2)
+
+
+@lower(aten.bmm.default)
+def bmm(self, mat2):
+    return matmul(self, mat2)
+
+
+@lower(aten.addmm.default)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    return _scaled_sum(self, matmul(mat1, mat2), beta, alpha)
+
+
+@lower(aten.baddbmm.default)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    return _scaled_sum(self, matmul(batch1, batch2), beta, alpha)
+
+
+@lower(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=_HIGHEST)
+    return _scaled_sum(self, product, beta, alpha)
+
+
+@lower(aten.dot.default)
+def dot(self, tensor):
+    return matmul(self, tensor)
+
+
+@lower(aten.vdot.default)
+def vdot(self, other):
+    return matmul(jnp.conj(self), other)
+
+
+@lower(aten.mv.default)
+def mv(self, vec):
+    return matmul(self, vec)
+
+
+@lower(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    return _scaled_sum(self, matmul(mat, vec), beta, alpha)
+
+
+@lower(aten.trace.default)
+def trace(self):
+    dtype = jnp.int64 if jnp.issubdtype(self.dtype, jnp.integer) or self.dtype == jnp.bool_ else self.dtype
+    return jnp.trace(self.astype(dtype))
+
+
+# ---- decompositions ---------------------------------------------------------
+
+
+def _lu(A):
+    """LU with partial pivoting: (LU, 1-based int32 pivots, permutation)."""
+    lu, pivots, perm = lax.linalg.lu(A)
+    return lu, pivots.astype(jnp.int32) + 1, perm
+
+
+def _lu_info(lu):
+    """LAPACK's getrf info: 1 + index of the first exactly-zero pivot, else 0."""
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    zero = diag == 0
+    first = jnp.argmax(zero, axis=-1).astype(jnp.int32) + 1
+    return jnp.where(jnp.any(zero, axis=-1), first, 0).astype(jnp.int32)
+
+
+def _pivot_sign(pivots):
+    """The permutation's sign from 1-based getrf pivots."""
+    n = pivots.shape[-1]
+    swaps = jnp.sum(pivots != jnp.arange(1, n + 1, dtype=pivots.dtype), axis=-1)
+    return jnp.where(swaps % 2 == 0, 1, -1)
+
+
+def _det_parts(A, log):
+    lu, pivots, _ = _lu(A)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    sign = _pivot_sign(pivots).astype(A.dtype)
+    if log:
+        sign = jnp.prod(jnp.sign(diag), axis=-1) * sign
+        return sign, jnp.sum(jnp.log(jnp.abs(diag)), axis=-1), lu, pivots
+    return jnp.prod(diag, axis=-1) * sign, lu, pivots
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _det_jit(A, log, transpose):
+    # det(A^T) = det(A): CPU factors A^T when A is contiguous and real, and the
+    # backward (linalg_lu_solve with adjoint = not that) relies on it.
+    return _det_parts(jnp.swapaxes(A, -1, -2) if transpose else A, log)
+
+
+def _eager_det(op, A, log):
+    """Eager because the returned LU depends on A's strides, as on CPU."""
+    metas = op(torch.empty_strided(A.shape, A.stride(), dtype=A.dtype, device="meta"))
+    transpose = A.is_contiguous() and not A.is_complex()
+    values = _det_jit(to_jax(A), log, transpose)
+    metrics.bump("executions")
+    return tuple(from_jax(v, A.device.index, m.dtype) for v, m in zip(values, metas))
+
+
+@lower(aten._linalg_det.default, eager=True)
+def linalg_det(A):
+    return _eager_det(aten._linalg_det.default, A, log=False)
+
+
+@lower(aten._linalg_slogdet.default, eager=True)
+def linalg_slogdet(A):
+    return _eager_det(aten._linalg_slogdet.default, A, log=True)
+
+
+@lower(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the tpu")
+    lu, pivots, _ = _lu(A)
+    return lu, pivots, _lu_info(lu)
+
+
+def _permutation_matrix(perm, dtype):
+    """P with A = P @ L @ U for lax's A[perm] = L @ U."""
+    return jnp.swapaxes(jax.nn.one_hot(perm, perm.shape[-1], dtype=dtype), -1, -2)
+
+
+def _unpack_lu(lu):
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    L = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    U = jnp.triu(lu[..., :k, :])
+    return L, U
+
+
+@lower(aten.linalg_lu.default)
+def linalg_lu(A, *, pivot=True):
+    if not pivot:
+        raise RuntimeError("linalg.lu: LU without pivoting is not implemented on the tpu")
+    lu, _, perm = _lu(A)
+    return (_permutation_matrix(perm, A.dtype), *_unpack_lu(lu))
+
+
+@lower(aten.lu_unpack.default)
+def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+    empty = jnp.zeros((0,), LU_data.dtype)
+    P = empty
+    if unpack_pivots:
+        perm = lax.linalg.lu_pivots_to_permutation(LU_pivots.astype(jnp.int32) - 1, LU_data.shape[-2])
+        P = _permutation_matrix(perm, LU_data.dtype)
+    L, U = _unpack_lu(LU_data) if unpack_data else (empty, empty)
+    return P, L, U
+
+
+def _permute_rows(pivots, B):
+    """P^T B for getrf pivots (applied as row swaps), batched like B."""
+    perm = lax.linalg.lu_pivots_to_permutation(pivots - 1, B.shape[-2])
+    perm = jnp.broadcast_to(perm, B.shape[:-2] + (B.shape[-2],))
+    return jnp.take_along_axis(B, perm[..., None], axis=-2)
+
+
+def _lu_solve(lu, pivots, B, adjoint=False):
+    """Solves A X = B (or A^H X = B) from A's getrf factors; B is a batch of matrices."""
+    batch = jnp.broadcast_shapes(lu.shape[:-2], B.shape[:-2])
+    lu = jnp.broadcast_to(lu, batch + lu.shape[-2:])
+    pivots = jnp.broadcast_to(pivots, batch + pivots.shape[-1:])
+    B = jnp.broadcast_to(B, batch + B.shape[-2:])
+    if not adjoint:
+        X = _permute_rows(pivots, B)
+        X = lax.linalg.triangular_solve(lu, X, left_side=True, lower=True, unit_diagonal=True)
+        return lax.linalg.triangular_solve(lu, X, left_side=True, lower=False)
+    X = lax.linalg.triangular_solve(lu, B, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+    X = lax.linalg.triangular_solve(
+        lu, X, left_side=True, lower=True, unit_diagonal=True, transpose_a=True, conjugate_a=True
+    )
+    n = B.shape[-2]
+    perm = lax.linalg.lu_pivots_to_permutation(pivots - 1, n)
+    inverse = jnp.argsort(perm, axis=-1)
+    return jnp.take_along_axis(X, inverse[..., None], axis=-2)
+
+
+def _is_vector_rhs(A, B) -> bool:
+    return B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+
+
+@lower(aten._linalg_solve_ex.default)
+def linalg_solve_ex(A, B, *, left=True, check_errors=False):
+    lu, pivots, _ = _lu(A)
+    vector = _is_vector_rhs(A, B)
+    rhs = B[..., None] if vector else B
+    if left:
+        X = _lu_solve(lu, pivots, rhs)
+    else:
+        # X A = B  <=>  A^H X^H = B^H
+        Bh = jnp.conj(jnp.swapaxes(rhs, -1, -2))
+        X = jnp.conj(jnp.swapaxes(_lu_solve(lu, pivots, Bh, adjoint=True), -1, -2))
+    if vector:
+        X = X[..., 0]
+    return X, lu, pivots, _lu_info(lu)
+
+
+@lower(aten.linalg_lu_solve.default)
+def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
+    if left:
+        return _lu_solve(LU, pivots, B, adjoint=adjoint)
+    # X A = B  <=>  A^H X^H = B^H (adjoint flips)
+    Bh = jnp.conj(jnp.swapaxes(B, -1, -2))
+    return jnp.conj(jnp.swapaxes(_lu_solve(LU, pivots, Bh, adjoint=not adjoint), -1, -2))
+
+
+@lower(aten.linalg_inv_ex.default)
+def linalg_inv_ex(A, *, check_errors=False):
+    lu, pivots, _ = _lu(A)
+    eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
+    return _lu_solve(lu, pivots, eye), _lu_info(lu)
+
+
+@lower(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(A, *, upper=False, check_errors=False):
+    L = jnp.tril(lax.linalg.cholesky(A, symmetrize_input=False))
+    # A failed factorization leaves nan on the diagonal from the first bad pivot on.
+    bad = ~jnp.isfinite(jnp.diagonal(L, axis1=-2, axis2=-1))
+    first = jnp.argmax(bad, axis=-1).astype(jnp.int32) + 1
+    info = jnp.where(jnp.any(bad, axis=-1), first, 0).astype(jnp.int32)
+    if upper:
+        L = jnp.conj(jnp.swapaxes(L, -1, -2))
+    return L, info
+
+
+@lower(aten.cholesky_solve.default)
+def cholesky_solve(self, input2, upper=False):
+    batch = jnp.broadcast_shapes(self.shape[:-2], input2.shape[:-2])
+    B = jnp.broadcast_to(self, batch + self.shape[-2:])
+    L = jnp.broadcast_to(input2, batch + input2.shape[-2:])
+    if upper:
+        L = jnp.conj(jnp.swapaxes(L, -1, -2))
+    Y = lax.linalg.triangular_solve(L, B, left_side=True, lower=True)
+    return lax.linalg.triangular_solve(L, Y, left_side=True, lower=True, transpose_a=True, conjugate_a=True)
+
+
+@lower(aten.linalg_qr.default)
+def linalg_qr(A, mode="reduced"):
+    if mode == "r":
+        R = jnp.linalg.qr(A, mode="r")
+        return jnp.zeros((0,), A.dtype), R
+    Q, R = jnp.linalg.qr(A, mode="complete" if mode == "complete" else "reduced")
+    return Q, R
+
+
+@lower(aten._linalg_svd.default)
+def linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+    if not compute_uv:
+        S = jnp.linalg.svd(A, compute_uv=False)
+        empty = jnp.zeros((0,), A.dtype)
+        return empty, S, empty
+    U, S, Vh = jnp.linalg.svd(A, full_matrices=full_matrices)
+    return U, S, Vh
+
+
+@lower(aten._linalg_eigh.default)
+def linalg_eigh(A, UPLO="L", compute_v=True):
+    lower_ = UPLO.upper() == "L"
+    V, w = lax.linalg.eigh(A, lower=lower_, symmetrize_input=False)
+    if not compute_v:
+        return w, jnp.zeros((0,), A.dtype)
+    return w, V
+
+
+def _broadcast_batch(A, B):
+    batch = jnp.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    return jnp.broadcast_to(A, batch + A.shape[-2:]), jnp.broadcast_to(B, batch + B.shape[-2:])
+
+
+@lower(aten.triangular_solve.default)
+def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
+    A, B = _broadcast_batch(A, self)
+    X = lax.linalg.triangular_solve(
+        A, B, left_side=True, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
+    )
+    return X, A
+
+
+@lower(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
+    A, B = _broadcast_batch(self, B)
+    return lax.linalg.triangular_solve(A, B, left_side=left, lower=not upper, unit_diagonal=unitriangular)
+

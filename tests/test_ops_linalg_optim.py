@@ -1,0 +1,385 @@
+"""Matrix products, linear algebra and optimizer (_foreach_*, fused) lowerings equal CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import torch_tpu
+
+# Ops owned by other lowering modules (elementwise, reductions, factories,
+# shape, indexing): tolerated in the fallback list, so these tests pin only
+# the linalg / optimizer ops. Every op of those areas reached must be native.
+FOREIGN = {
+    "abs", "add", "any", "arange", "cat", "clamp", "div", "eq", "fill_", "gt", "index_fill_", "maximum", "mul",
+    "ne", "neg", "reciprocal", "relu", "sub", "sum", "threshold_backward", "tril", "triu", "where", "zero_",
+    "sqrt", "lerp", "addcmul", "addcdiv", "sign", "sgn", "exp", "log", "pow", "conj_physical", "stack", "tanh",
+    "tanh_backward",
+}
+
+
+def native_only(fn):
+    """Runs fn and fails if an op outside FOREIGN fell back to CPU."""
+    torch_tpu.metrics.reset()
+    result = fn()
+    ops = torch_tpu.metrics.counters()["cpu_fallback_ops"]
+    own = {op: n for op, n in ops.items() if op.split(".")[1] not in FOREIGN}
+    assert not own, f"ops fell back to CPU: {own}"
+    return result
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def compare(fn, *inputs, grad=True, rtol=1e-5, atol=1e-5):
+    """fn(*inputs) and its vjp (random cotangent) on tpu vs CPU."""
+
+    def prepare(device):
+        out = []
+        for x in inputs:
+            y = x.detach().to(device)
+            if grad and (y.is_floating_point() or y.is_complex()):
+                y.requires_grad_()
+            out.append(y)
+        return out
+
+    def grads_of(outs, ins, cots):
+        diff = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+        wrt = [x for x in ins if x.requires_grad]
+        return torch.autograd.grad([o for o, _ in diff], wrt, [c.to(o.device) for o, c in diff], allow_unused=True)
+
+    cpu_in = prepare("cpu")
+    cpu_out = _as_tuple(fn(*cpu_in))
+    g = torch.Generator().manual_seed(0)
+    cots = [torch.randn(o.shape, generator=g, dtype=o.dtype) if o.is_floating_point() else None for o in cpu_out]
+    tpu_in = prepare("tpu")
+
+    def run_tpu():
+        outs = _as_tuple(fn(*tpu_in))
+        return outs, (grads_of(outs, tpu_in, cots) if grad else None)
+
+    outs, grads = native_only(run_tpu)
+    for o, c in zip(outs, cpu_out):
+        assert o.device.type == "tpu"
+        torch.testing.assert_close(o.cpu(), c, rtol=rtol, atol=atol)
+    if grad:
+        for a, b in zip(grads, grads_of(cpu_out, cpu_in, cots)):
+            torch.testing.assert_close(None if a is None else a.cpu(), b, rtol=rtol, atol=atol)
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+# ---- matrix products --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "a,b",
+    [((3, 4), (4, 5)), ((4,), (4,)), ((3, 4), (4,)), ((4,), (4, 3)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4,)),
+     ((4,), (2, 4, 3)), ((2, 1, 3, 4), (5, 4, 2)), ((2, 3, 4), (4, 5))],
+)
+def test_matmul_shapes(a, b):
+    compare(torch.matmul, rand(*a), rand(*b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_mm_dtypes_and_noncontiguous(dtype):
+    grad = dtype.is_floating_point
+    a = (torch.randn(5, 3) * 4).to(dtype)
+    b = (torch.randn(4, 5) * 4).to(dtype)
+    compare(lambda a, b: a.t() @ b.t(), a, b, grad=grad)  # transposed operands
+    compare(lambda a, b: torch.mm(a[::2], b.t()[:, 1:4]), a.t().contiguous(), b, grad=grad)  # sliced
+
+
+def test_matmul_bfloat16():
+    compare(torch.matmul, rand(2, 8, 16, dtype=torch.bfloat16), rand(16, 4, dtype=torch.bfloat16), grad=False,
+            rtol=2e-2, atol=2e-2)
+
+
+def test_addmm_family():
+    compare(lambda s, a, b: torch.addmm(s, a, b, beta=0.5, alpha=2.0), rand(3, 5), rand(3, 4), rand(4, 5))
+    compare(lambda s, a, b: torch.addmm(s, a, b), rand(5), rand(3, 4), rand(4, 5))  # broadcast bias
+    nan_self = torch.full((3, 5), float("nan"))
+    compare(lambda s, a, b: torch.addmm(s, a, b, beta=0), nan_self, rand(3, 4), rand(4, 5), grad=False)
+    compare(lambda s, a, b: torch.baddbmm(s, a, b, beta=0.3, alpha=-1.5), rand(2, 3, 5), rand(2, 3, 4), rand(2, 4, 5))
+    compare(lambda s, a, b: torch.addbmm(s, a, b, alpha=0.7), rand(3, 5), rand(2, 3, 4), rand(2, 4, 5))
+    compare(lambda s, a, v: torch.addmv(s, a, v, beta=2.0), rand(3), rand(3, 4), rand(4))
+    compare(torch.mv, rand(3, 4), rand(4))
+    compare(torch.dot, rand(6), rand(6))
+    compare(torch.vdot, rand(6), rand(6))
+    compare(torch.outer, rand(3), rand(4))
+    compare(torch.bmm, rand(2, 3, 4), rand(2, 4, 2))
+
+
+def test_linear_module():
+    compare(lambda x, w, b: F.linear(x, w, b), rand(2, 3, 4), rand(5, 4), rand(5))
+
+
+def test_einsum_and_trace():
+    compare(lambda a, b: torch.einsum("bij,bjk->bik", a, b), rand(2, 3, 4), rand(2, 4, 5))
+    compare(lambda a, b: torch.einsum("ij,kj->ik", a, b), rand(3, 4), rand(5, 4))
+    compare(lambda a: torch.einsum("ii->", a), rand(4, 4))
+    compare(torch.trace, rand(3, 4))
+    compare(torch.trace, torch.arange(9).reshape(3, 3), grad=False)
+
+
+# ---- linear algebra ---------------------------------------------------------
+
+
+def well_conditioned(*shape):
+    n = shape[-1]
+    return torch.randn(*shape) + 3 * torch.eye(n)
+
+
+def spd(*shape):
+    a = torch.randn(*shape)
+    return a @ a.mT + shape[-1] * torch.eye(shape[-1])
+
+
+def test_det_inv_solve():
+    a = well_conditioned(2, 3, 3)
+    compare(torch.linalg.det, a)
+    compare(lambda a: torch.linalg.slogdet(a)[1], a)
+    compare(torch.linalg.inv, a)
+    compare(torch.linalg.solve, a, rand(2, 3, 2))
+    compare(torch.linalg.solve, a, rand(3))  # vector right-hand side, broadcast
+    compare(lambda a, b: torch.linalg.solve(a, b, left=False), a, rand(2, 4, 3))
+    compare(torch.linalg.inv, well_conditioned(4, 4).t())  # non-contiguous
+
+
+def test_lu_family():
+    a = well_conditioned(2, 4, 4)
+    compare(lambda a: torch.linalg.lu_factor(a), a, grad=False)
+    compare(lambda a: torch.linalg.lu_factor(a)[0], a)
+    compare(torch.linalg.lu, rand(2, 4, 3))
+    lu, piv = torch.linalg.lu_factor(a)
+    compare(lambda lu, piv: torch.lu_unpack(lu, piv), lu, piv, grad=False)
+    compare(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b), lu, rand(2, 4, 2))
+    compare(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b, adjoint=True), lu, rand(2, 4, 2),
+            grad=False)
+    compare(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b, left=False), lu, rand(2, 3, 4),
+            grad=False)
+
+
+def test_cholesky_and_triangular():
+    a = spd(2, 4, 4)
+    compare(torch.linalg.cholesky, a)
+    compare(lambda a: torch.linalg.cholesky(a, upper=True), a)
+    compare(lambda a: torch.linalg.cholesky_ex(a).info, -torch.eye(3), grad=False)
+    compare(lambda b, a: torch.cholesky_solve(b, torch.linalg.cholesky(a)), rand(2, 4, 3), a)
+    t = torch.randn(4, 4).triu() + 4 * torch.eye(4)
+    compare(lambda t, b: torch.linalg.solve_triangular(t, b, upper=True), t, rand(4, 2))
+    compare(lambda t, b: torch.linalg.solve_triangular(t.mT, b, upper=False, left=False), t, rand(3, 4))
+    compare(lambda t, b: torch.linalg.solve_triangular(t, b, upper=True, unitriangular=True), t, rand(4, 2))
+    compare(lambda b, t: torch.triangular_solve(b, t, upper=True, transpose=True), rand(2, 4, 3), t)
+
+
+def test_qr_svd_eigh():
+    # Factor signs are a convention: compare sign-free quantities and reconstructions.
+    a = rand(5, 3)
+    compare(lambda a: torch.linalg.qr(a)[1].abs(), a)
+    compare(lambda a: torch.matmul(*torch.linalg.qr(a)), a)
+    compare(lambda a: torch.matmul(*torch.linalg.qr(a, mode="complete")), a, grad=False)
+    compare(lambda a: torch.linalg.qr(a, mode="r")[1].abs(), a, grad=False)
+    compare(torch.linalg.svdvals, a)
+    compare(lambda a: _reconstruct_svd(*torch.linalg.svd(a, full_matrices=False)), a)
+    s = spd(3, 3)
+    compare(torch.linalg.eigvalsh, s)
+    compare(lambda s: torch.linalg.eigvalsh(s, UPLO="U"), s)
+    compare(lambda s: _reconstruct_eigh(*torch.linalg.eigh(s)), s)
+
+
+def _reconstruct_svd(u, s, vh):
+    return (u * s) @ vh
+
+
+def _reconstruct_eigh(w, v):
+    return (v * w) @ v.mT
+
+
+# ---- optimizers -------------------------------------------------------------
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _train(model, device, make_opt, steps=3, clip=None):
+    model = model.to(device)
+    opt = make_opt(model.parameters())
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(5, 4, generator=g).to(device)
+        y = torch.randn(5, 3, generator=g).to(device)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "sgd_momentum_foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-2, foreach=True),
+    "sgd_nesterov_loop": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2,
+                                                   foreach=False),
+    "sgd_fused": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2, fused=True),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+    "adamw_foreach_amsgrad": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True, amsgrad=True),
+    "adamw_loop": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False, fused=False),
+    "adamw_fused": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizer_steps_match_cpu(name):
+    model = _tiny_model()
+    cpu = _train(copy.deepcopy(model), "cpu", OPTIMIZERS[name])
+    tpu = native_only(lambda: _train(model, "tpu", OPTIMIZERS[name]))
+    for a, b in zip(tpu, cpu):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_optimizer_defaults_to_foreach_on_tpu():
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    params = [torch.zeros(2, device="tpu")]
+    fused, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    assert foreach and not fused
+
+
+def test_clip_grad_norm():
+    model = _tiny_model()
+    sgd = OPTIMIZERS["sgd_momentum"]
+    cpu = _train(copy.deepcopy(model), "cpu", sgd, clip=0.1)
+    tpu = native_only(lambda: _train(model, "tpu", sgd, clip=0.1))
+    for a, b in zip(tpu, cpu):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+    grads = [torch.randn(3, 2), torch.randn(4)]
+    for norm_type in (2.0, 1.0, float("inf")):
+        total = native_only(lambda n=norm_type: torch.nn.utils.get_total_norm([g.to("tpu") for g in grads], n))
+        torch.testing.assert_close(total.cpu(), torch.nn.utils.get_total_norm(grads, norm_type))
+
+
+def _lists(n=3, dtype=torch.float32):
+    g = torch.Generator().manual_seed(2)
+    return [torch.randn(2 + i, 3, generator=g).to(dtype) for i in range(n)]
+
+
+def _check_foreach(fn, *lists, inplace=None, rtol=1e-6, atol=1e-6):
+    """fn's results, or with inplace=i the i-th list it updated, on tpu vs CPU."""
+    cpu = [[t.clone() for t in ts] for ts in lists]
+    tpu = [[t.to("tpu") for t in ts] for ts in lists]
+    expected = fn(*cpu)
+    got = native_only(lambda: fn(*tpu))
+    if inplace is not None:
+        expected, got = cpu[inplace], tpu[inplace]
+    for a, b in zip(got, expected):
+        assert a.device.type == "tpu"
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_foreach_binary_and_scalar_ops(dtype):
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    a, b = _lists(dtype=dtype), _lists(dtype=dtype)[::-1]
+    b = [t[: s.shape[0]] if t.shape[0] >= s.shape[0] else t.repeat(2, 1)[: s.shape[0]] for t, s in zip(b, a)]
+    c = [t.abs() + 0.5 for t in _lists(dtype=dtype)]
+    for fn in (
+        lambda x, y: torch._foreach_add(x, y, alpha=0.5),
+        lambda x, y: torch._foreach_sub(x, y),
+        lambda x, y: torch._foreach_mul(x, y),
+        lambda x, y: torch._foreach_div(x, y),
+        lambda x, y: torch._foreach_maximum(x, y),
+        lambda x, y: torch._foreach_minimum(x, y),
+        lambda x, y: torch._foreach_clamp_min(x, 0.1),
+        lambda x, y: torch._foreach_clamp_max(x, [0.1, 0.2, -0.3]),
+        lambda x, y: torch._foreach_add(x, 2.5),
+        lambda x, y: torch._foreach_mul(x, [1.5, -2.0, 3.0]),
+        lambda x, y: torch._foreach_div(x, 3.0),
+        lambda x, y: torch._foreach_sub(x, [1, 2, 3]),
+        lambda x, y: torch._foreach_mul(x, torch.tensor(1.5)),
+        lambda x, y: torch._foreach_mul(x, torch.tensor(0.5, device=x[0].device)),
+        lambda x, y: torch._foreach_lerp(x, y, 0.3),
+        lambda x, y: torch._foreach_lerp(x, y, [0.1, 0.7, 0.9]),
+        lambda x, y: torch._foreach_lerp(x, y, y),
+    ):
+        _check_foreach(fn, a, b, rtol=tol, atol=tol)
+    for fn in (
+        lambda x, y: torch._foreach_pow(y, 2),
+        lambda x, y: torch._foreach_pow(y, 0.5),
+        lambda x, y: torch._foreach_pow(y, [2.0, 1.5, 3.0]),
+        lambda x, y: torch._foreach_pow(2.0, x),
+        lambda x, y: torch._foreach_pow(y, x),
+    ):
+        _check_foreach(fn, a, c, rtol=max(tol, 1e-5), atol=max(tol, 1e-5))
+
+
+def test_foreach_inplace_and_ternary():
+    a, b, c = _lists(), _lists(), [t.abs() + 0.5 for t in _lists()]
+    for fn in (
+        lambda x, y, z: torch._foreach_add_(x, y, alpha=-2),
+        lambda x, y, z: torch._foreach_mul_(x, 0.5),
+        lambda x, y, z: torch._foreach_mul_(x, torch.tensor(3.0, device=x[0].device)),
+        lambda x, y, z: torch._foreach_addcmul_(x, y, z, value=0.3),
+        lambda x, y, z: torch._foreach_addcdiv_(x, y, z, value=-0.2),
+        lambda x, y, z: torch._foreach_addcdiv_(x, y, z, [0.1, 0.2, 0.3]),
+        lambda x, y, z: torch._foreach_addcdiv_(x, y, z, torch.tensor([0.1, 0.2, 0.3])),
+        lambda x, y, z: torch._foreach_addcmul_(x, y, z, [0.1, -0.2, 0.3]),
+        lambda x, y, z: torch._foreach_lerp_(x, y, 0.9),
+        lambda x, y, z: torch._foreach_maximum_(x, y),
+        lambda x, y, z: torch._foreach_copy_(x, y),
+        lambda x, y, z: torch._foreach_zero_(x),
+        lambda x, y, z: torch._foreach_neg_(x),
+        lambda x, y, z: torch._foreach_div_(x, z),
+    ):
+        _check_foreach(fn, a, b, c, inplace=0)
+    _check_foreach(lambda x, y, z: torch._foreach_sqrt_(z), a, b, c, inplace=2)
+
+
+def test_foreach_inplace_into_views():
+    base = torch.randn(4, 6)
+
+    def views(t):
+        return [t[:, :3], t[1:, 3:]]
+
+    tpu_base = base.to("tpu")
+    native_only(lambda: torch._foreach_add_(views(tpu_base), [torch.ones(4, 3, device="tpu"),
+                                                              torch.ones(3, 3, device="tpu")], alpha=2))
+    torch._foreach_add_(views(base), [torch.ones(4, 3), torch.ones(3, 3)], alpha=2)
+    torch.testing.assert_close(tpu_base.cpu(), base)
+
+
+def test_foreach_unary_and_norm():
+    a = _lists()
+    pos = [t.abs() + 0.1 for t in a]
+    for fn in (torch._foreach_neg, torch._foreach_abs, torch._foreach_sign, torch._foreach_exp, torch._foreach_tanh,
+               torch._foreach_sigmoid):
+        _check_foreach(fn, a, rtol=1e-6, atol=1e-6)
+    for fn in (torch._foreach_sqrt, torch._foreach_reciprocal, torch._foreach_log, torch._foreach_rsqrt):
+        _check_foreach(fn, pos, rtol=1e-6, atol=1e-6)
+    for ord in (2, 1, float("inf"), 3.0, 0):
+        _check_foreach(lambda x, o=ord: torch._foreach_norm(x, o), a, rtol=1e-5, atol=1e-5)
+    _check_foreach(torch._foreach_max, a)
+    _check_foreach(lambda x: torch._foreach_norm(x), _lists(dtype=torch.bfloat16), rtol=1e-2, atol=1e-2)
+
+
+def test_adamw_steady_state_does_not_recompile():
+    # Adam's per-step bias corrections arrive as Scalar[] lists: they must not key new executables.
+    model = nn.Linear(4, 3).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(5):
+        if step == 2:
+            torch_tpu.metrics.reset()
+        model(torch.randn(2, 4).to("tpu")).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert torch_tpu.metrics.counters()["op_compiles"] == 0
