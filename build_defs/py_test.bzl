@@ -22,7 +22,7 @@ _WHEEL = "//ci/wheel:torch_tpu_wheel"
 _RUNNER = "//build_defs:pytest_runner.py"
 _SHARED_SUPPORT = "//tests:support"
 
-def torch_tpu_py_test(name, srcs, data = [], env = {}, shard_count = None, size = "medium", tags = [], **kwargs):
+def torch_tpu_py_test(name, srcs, data = [], env = {}, shard_count = None, size = "medium", timeout = "long", tags = [], **kwargs):
     """A py_test running pytest on `srcs` against the installed wheel.
 
     Args:
@@ -31,9 +31,11 @@ def torch_tpu_py_test(name, srcs, data = [], env = {}, shard_count = None, size 
       data: more runtime files (conftest.py, helpers, data files).
       env: environment added to TORCH_TPU_TEST_ENV.
       shard_count: Bazel shards; tests are split by collection index modulo the count.
-      size: Bazel test size (timeout class).
+      size: Bazel test size.
+      timeout: Bazel timeout class; "long" (15 min) because op test files grow, and a 2-core
+        machine already needs over 3 minutes for some.
       tags: Bazel tags.
-      **kwargs: passed to py_test (timeout, flaky, ...).
+      **kwargs: passed to py_test (flaky, ...).
     """
     test_env = dict(TORCH_TPU_TEST_ENV)
     test_env.update(env)
@@ -50,6 +52,7 @@ def torch_tpu_py_test(name, srcs, data = [], env = {}, shard_count = None, size 
         shard_count = shard_count,
         size = size,
         tags = tags,
+        timeout = timeout,
         **kwargs
     )
 
@@ -62,7 +65,7 @@ def torch_tpu_py_tests(srcs = None, data = [], shard_count = {}, env = {}, **kwa
         (conftest.py, helpers) and //tests:support (the conftest.py above) are always added.
       shard_count: {"test_ops.py": 4}: Bazel shards per file (default 1).
       env: environment added to TORCH_TPU_TEST_ENV.
-      **kwargs: passed to every torch_tpu_py_test (size, tags, timeout, ...).
+      **kwargs: passed to every torch_tpu_py_test (size, timeout, tags, ...).
     """
     if srcs == None:
         srcs = native.glob(["test_*.py"], allow_empty = True)
