@@ -16,13 +16,9 @@ if [ ! -f "$example" ]; then
   exit 1
 fi
 
-flags=(--config=wheel_common --config=no_rbe)
-if [ "${CI:-}" = true ]; then
-  flags+=(--config=ci)
-fi
-bazel build "${flags[@]}" //ci/wheel:torch_tpu_wheel
+bazel build "${BAZEL_FLAGS[@]}" //ci/wheel:torch_tpu_wheel
 # Bazel 4's cquery has no --output=files; the path is relative to the bazel-out symlink here.
-wheel="$(bazel cquery "${flags[@]}" --output=starlark \
+wheel="$(bazel cquery "${BAZEL_FLAGS[@]}" --output=starlark \
   --starlark:expr='"\n".join([f.path for f in target.files.to_list()])' \
   //ci/wheel:torch_tpu_wheel 2>/dev/null)"
 if [ ! -f "$wheel" ]; then

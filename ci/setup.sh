@@ -64,6 +64,13 @@ ci_setup() {
   ci_ensure_bazel && ci_ensure_python
 }
 
+# The configs the wheel is built and tested with (tests must use the wheel's configs, or the
+# extension is rebuilt), plus plain logs under CI=true.
+BAZEL_FLAGS=(--config=wheel_common --config=no_rbe)
+if [ "${CI:-}" = true ]; then
+  BAZEL_FLAGS+=(--config=ci)
+fi
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   set -euo pipefail
   ci_setup

@@ -8,8 +8,4 @@ cd "$(dirname "$0")/.."
 source ci/setup.sh
 ci_setup
 
-flags=(--config=wheel_common --config=no_rbe)
-if [ "${CI:-}" = true ]; then
-  flags+=(--config=ci)
-fi
-bazel test "${flags[@]}" --test_output=all "$@" -- //ci/... //tests/...
+bazel test "${BAZEL_FLAGS[@]}" --test_output=all "$@" -- //ci/... //tests/...
