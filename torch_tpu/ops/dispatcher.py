@@ -168,7 +168,9 @@ def _substitute(x, fn: Callable):
 
 def _meta_tensor(slot):
     if isinstance(slot, _ScalarSlot):
-        return slot.tensor
+        # A CPU scalar meets tpu tensors as it meets cuda ones, which meta refs
+        # only allow for same-device (here: meta) 0-dim tensors.
+        return slot.tensor.to("meta") if isinstance(slot.tensor, torch.Tensor) else slot.tensor
     g = slot.geom
     dtype = _NUMPY_TO_TORCH[g.dtype]
     if g.offset == 0 and geo.is_contiguous(g.sizes, g.strides):
