@@ -1,1 +1,868 @@
-"""Lowerings."""
+"""Pointwise ops: arithmetic, math functions, comparisons, logical and bitwise
+ops, activations and their backward ops.
+
+Operands are promoted the way TensorIterator promotes them (`result_dtype`),
+so integer and bool semantics, wrapped Python numbers and reduced-precision
+floats (computed in float32, as CPU's opmath does) match PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
+from torch_tpu.ops.registry import aten, lower
+
+# ---- type promotion ---------------------------------------------------------
+
+_PYTHON_SCALARS = (bool, int, float, complex)
+
+
+def _to_complex(dtype: torch.dtype) -> torch.dtype:
+    return {torch.float64: torch.complex128}.get(dtype, torch.complex64)
+
+
+def _combine_categories(higher: torch.dtype | None, low: torch.dtype | None) -> torch.dtype | None:
+    """c10's combine_categories: a higher-priority operand wins unless it is of a lower category."""
+    if higher is None:
+        return low
+    if low is None:
+        return higher
+    if higher.is_complex:
+        return higher
+    if low.is_complex:
+        return _to_complex(higher) if higher.is_floating_point else low
+    if higher.is_floating_point:
+        return higher
+    if higher == torch.bool or low.is_floating_point:
+        return torch.promote_types(higher, low)
+    return higher
+
+
+def _promote(current: torch.dtype | None, dtype: torch.dtype) -> torch.dtype:
+    return dtype if current is None else torch.promote_types(current, dtype)
+
+
+def _wrapped_dtype(x) -> torch.dtype:
+    """The dtype torch gives a wrapped Python number."""
+    if isinstance(x, bool):
+        return torch.bool
+    if isinstance(x, int):
+        return torch.int64
+    if isinstance(x, complex):
+        return _to_complex(torch.get_default_dtype())
+    if isinstance(x, float):
+        return torch.get_default_dtype()
+    dtype = to_torch_dtype(x.dtype)  # a weakly typed traced scalar
+    if dtype.is_complex:
+        return _to_complex(torch.get_default_dtype())
+    return torch.get_default_dtype() if dtype.is_floating_point else dtype
+
+
+def _is_wrapped(x) -> bool:
+    """Python scalars and weakly typed traced scalars (CPU 0-dim tensors, `x + 2`)."""
+    return isinstance(x, _PYTHON_SCALARS) or bool(getattr(x, "weak_type", False))
+
+
+def result_dtype(*operands) -> np.dtype:
+    """torch.result_type over jax arrays and scalars (None operands are skipped)."""
+    dim = zero = wrapped = None
+    for x in operands:
+        if x is None:
+            continue
+        if _is_wrapped(x):
+            wrapped = _promote(wrapped, _wrapped_dtype(x))
+        elif x.ndim == 0:
+            zero = _promote(zero, to_torch_dtype(x.dtype))
+        else:
+            dim = _promote(dim, to_torch_dtype(x.dtype))
+    return to_numpy_dtype(_combine_categories(dim, _combine_categories(zero, wrapped)))
+
+
+def cast(x, dtype: np.dtype):
+    """`x` (array or Python scalar) converted to `dtype`, wrapping ints as C casts do."""
+    if x is None:
+        return None
+    if isinstance(x, _PYTHON_SCALARS):
+        x = np.asarray(x)
+    if x.dtype == np.bool_ and jnp.issubdtype(dtype, jnp.inexact):
+        # Via uint8: XLA rewrites convert(pred) / y as select(pred, 1 / y, 0), losing 0 / 0 = nan.
+        x = lax.convert_element_type(x, np.uint8)
+    return lax.convert_element_type(x, dtype)
+
+
+def promote(*operands):
+    """(common dtype, operands cast to it)."""
+    dtype = result_dtype(*operands)
+    return dtype, [cast(x, dtype) for x in operands]
+
+
+def is_integral(dtype: np.dtype) -> bool:
+    """Integer or bool."""
+    return not jnp.issubdtype(dtype, jnp.inexact)
+
+
+def opmath(dtype: np.dtype) -> np.dtype:
+    """The type CPU computes reduced-precision floats in."""
+    if jnp.issubdtype(dtype, jnp.floating) and np.dtype(dtype).itemsize < 4:
+        return np.dtype(np.float32)
+    return np.dtype(dtype)
+
+
+def float_dtype(dtype: np.dtype) -> np.dtype:
+    """Integer and bool inputs of float functions compute in the default dtype."""
+    return to_numpy_dtype(torch.get_default_dtype()) if is_integral(dtype) else np.dtype(dtype)
+
+
+def to_float(*operands):
+    """Operands promoted, moved to a float type, in opmath."""
+    dtype = opmath(float_dtype(result_dtype(*operands)))
+    return [cast(x, dtype) for x in operands]
+
+
+def _float_args(*operands):
+    """Operands promoted, in opmath (floats only: the op rejects other dtypes)."""
+    dtype = opmath(result_dtype(*operands))
+    return [cast(x, dtype) for x in operands]
+
+
+def _type_name(dtype: np.dtype) -> str:
+    return torch.empty(0, dtype=to_torch_dtype(dtype)).type()[len("torch.") : -len("Tensor")]
+
+
+def require(name: str, dtype: np.dtype, *, bool_ok=True, int_ok=True, float_ok=True) -> None:
+    """Raises CPU's NotImplementedError for a dtype its kernel does not dispatch on."""
+    dtype = np.dtype(dtype)
+    ok = bool_ok if dtype == np.bool_ else int_ok if is_integral(dtype) else float_ok
+    if not ok:
+        raise NotImplementedError(f'"{name}" not implemented for \'{_type_name(dtype)}\'')
+
+
+def _any_bool(*operands) -> bool:
+    return any(
+        isinstance(x, bool) or (not isinstance(x, _PYTHON_SCALARS) and x is not None and x.dtype == np.bool_)
+        for x in operands
+    )
+
+
+# ---- arithmetic -------------------------------------------------------------
+
+
+@lower(aten.add.Tensor, aten.add.Scalar)
+def add(self, other, alpha=1):
+    dtype, (a, b) = promote(self, other)
+    if dtype == np.bool_:
+        return a | (b & bool(alpha))
+    ct = opmath(dtype)
+    a, b = cast(a, ct), cast(b, ct)
+    return a + (b if alpha == 1 else b * cast(alpha, ct))
+
+
+@lower(aten.sub.Tensor, aten.sub.Scalar)
+def sub(self, other, alpha=1):
+    if _any_bool(self, other):
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. "
+            "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
+        )
+    dtype, (a, b) = promote(self, other)
+    ct = opmath(dtype)
+    a, b = cast(a, ct), cast(b, ct)
+    return a - (b if alpha == 1 else b * cast(alpha, ct))
+
+
+@lower(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(self, other, alpha=1):
+    return sub(other, self, alpha)
+
+
+@lower(aten.mul.Tensor, aten.mul.Scalar)
+def mul(self, other):
+    dtype, (a, b) = promote(self, other)
+    if dtype == np.bool_:
+        return a & b
+    ct = opmath(dtype)
+    return cast(a, ct) * cast(b, ct)
+
+
+def _check_inplace(self, result: np.dtype) -> None:
+    """CPU's check for in-place ops whose meta kernels skip it."""
+    if not torch.can_cast(to_torch_dtype(result), to_torch_dtype(self.dtype)):
+        raise RuntimeError(
+            f"result type {_type_name(result)} can't be cast to the desired output type {_type_name(self.dtype)}"
+        )
+
+
+@lower(aten.mul_.Tensor, aten.mul_.Scalar)
+def mul_(self, other):
+    _check_inplace(self, result_dtype(self, other))
+    return mul(self, other)
+
+
+@lower(aten.div.Tensor, aten.div.Scalar)
+def div(self, other):
+    a, b = to_float(self, other)
+    return a / b
+
+
+def _rem(a, b):
+    """C's remainder (sign of the dividend), broadcasting."""
+    return lax.rem(*jnp.broadcast_arrays(a, b))
+
+
+def _floor_divide_float(a, b):
+    """CPU's div_floor_floating: floor of the quotient, exact for multiples."""
+    mod = _rem(a, b)
+    quot = (a - mod) / b
+    quot = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), quot - 1, quot)
+    floor = jnp.floor(quot)
+    floor = jnp.where(quot - floor > 0.5, floor + 1, floor)
+    floor = jnp.where(quot == 0, jnp.copysign(jnp.zeros_like(quot), a / b), floor)
+    return jnp.where(b == 0, a / b, floor)
+
+
+def _divide_rounded(self, other, rounding_mode: str):
+    dtype, (a, b) = promote(self, other)
+    require(f"div_{rounding_mode}_cpu", dtype, bool_ok=False)
+    if is_integral(dtype):
+        return lax.div(*jnp.broadcast_arrays(a, b)) if rounding_mode == "trunc" else jnp.floor_divide(a, b)
+    ct = opmath(dtype)
+    a, b = cast(a, ct), cast(b, ct)
+    return jnp.trunc(a / b) if rounding_mode == "trunc" else _floor_divide_float(a, b)
+
+
+@lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(self, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return div(self, other)
+    return _divide_rounded(self, other, rounding_mode)
+
+
+@lower(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(self, other):
+    return _divide_rounded(self, other, "floor")
+
+
+@lower(aten.floor_divide_.Tensor, aten.floor_divide_.Scalar)
+def floor_divide_(self, other):
+    return floor_divide(self, other)
+
+
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(self, other):
+    """Python's modulo: the result takes the divisor's sign."""
+    dtype, (a, b) = promote(self, other)
+    require("remainder_cpu", dtype, bool_ok=False)
+    ct = opmath(dtype)
+    a, b = cast(a, ct), cast(b, ct)
+    mod = _rem(a, b)
+    return jnp.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
+@lower(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(self, other):
+    """C's fmod / %: the result takes the dividend's sign."""
+    dtype, (a, b) = promote(self, other)
+    require("fmod_cpu", dtype, bool_ok=False)
+    ct = opmath(dtype)
+    return _rem(cast(a, ct), cast(b, ct))
+
+
+def _int_pow(base, exponent):
+    """CPU's powi: negative exponents give 0, except for bases 1 and -1."""
+    result = jnp.power(base, jnp.maximum(exponent, 0))
+    if jnp.issubdtype(base.dtype, jnp.unsignedinteger):
+        return result
+    negative = jnp.where(base == 1, 1, jnp.where(base == -1, jnp.where(exponent % 2 == 0, 1, -1), 0))
+    return jnp.where(exponent < 0, negative.astype(base.dtype), result)
+
+
+@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def power(self, exponent):
+    dtype, (base, exp) = promote(self, exponent)
+    require("pow", dtype, bool_ok=False)
+    if is_integral(dtype):
+        if isinstance(exponent, int) and exponent < 0:
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+        return _int_pow(base, exp)
+    ct = opmath(dtype)
+    base = cast(base, ct)
+    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+        if float(exponent).is_integer() and abs(exponent) <= 4:
+            return lax.integer_pow(base, int(exponent))
+        if exponent == 0.5:
+            return jnp.sqrt(base)
+        if exponent == -0.5:
+            return lax.rsqrt(base)
+    return jnp.power(base, cast(exp, ct))
+
+
+@lower(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(self, end, weight):
+    a, b, w = _float_args(self, end, weight)
+    return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
+
+
+@lower(aten.addcmul.default)
+def addcmul(self, tensor1, tensor2, *, value=1):
+    dtype, (a, b, c) = promote(self, tensor1, tensor2)
+    if dtype == np.bool_:
+        return a | (b & c & bool(value))
+    ct = opmath(dtype)
+    a, b, c = cast(a, ct), cast(b, ct), cast(c, ct)
+    return a + cast(value, ct) * b * c
+
+
+@lower(aten.addcmul_.default)
+def addcmul_(self, tensor1, tensor2, *, value=1):
+    _check_inplace(self, result_dtype(self, tensor1, tensor2))
+    return addcmul(self, tensor1, tensor2, value=value)
+
+
+@lower(aten.addcdiv.default)
+def addcdiv(self, tensor1, tensor2, *, value=1):
+    a, b, c = _float_args(self, tensor1, tensor2)
+    return a + cast(value, a.dtype) * (b / c)
+
+
+# ---- unary ------------------------------------------------------------------
+
+
+@lower(aten.neg.default)
+def neg(self):
+    return -self
+
+
+@lower(aten.abs.default)
+def absolute(self):
+    require("abs_cpu", self.dtype, bool_ok=False)
+    return jnp.abs(self)
+
+
+@lower(aten.sign.default)
+def sign(self):
+    """(0 < x) - (x < 0): NaN and -0.0 give 0."""
+    if self.dtype == np.bool_:
+        return self
+    return (self > 0).astype(self.dtype) - (self < 0).astype(self.dtype)
+
+
+@lower(aten.sgn.default)
+def sgn(self):
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        magnitude = jnp.abs(self)
+        return jnp.where(magnitude == 0, 0, self / jnp.where(magnitude == 0, 1, magnitude).astype(self.dtype))
+    return sign(self)
+
+
+def _rounding(fn):
+    def lowering(self):
+        require(f"{fn.__name__}_vml_cpu", self.dtype, bool_ok=False)
+        return self if is_integral(self.dtype) else fn(self)
+
+    return lowering
+
+
+for _op, _fn in {
+    aten.floor.default: jnp.floor,
+    aten.ceil.default: jnp.ceil,
+    aten.trunc.default: jnp.trunc,
+    aten.round.default: jnp.round,  # half to even, as torch
+}.items():
+    lower(_op)(_rounding(_fn))
+
+
+@lower(aten.round.decimals)
+def round_decimals(self, *, decimals):
+    if is_integral(self.dtype):
+        return self
+    x = cast(self, opmath(self.dtype))
+    scale = float(10 ** abs(decimals))
+    if decimals < 0:
+        return jnp.round(x / scale) * scale
+    return jnp.round(x * scale) / scale
+
+
+@lower(aten.frac.default)
+def frac(self):
+    require("frac_cpu", self.dtype, bool_ok=False, int_ok=False)
+    x = cast(self, opmath(self.dtype))
+    return x - jnp.trunc(x)
+
+
+def _sinc(x):
+    pix = x * math.pi
+    return jnp.where(x == 0, jnp.ones_like(x), jnp.sin(pix) / jnp.where(x == 0, 1, pix))
+
+
+# Float functions: integer and bool inputs compute in the default dtype.
+_FLOAT_UNARY = {
+    aten.exp.default: jnp.exp,
+    aten.exp2.default: jnp.exp2,
+    aten.expm1.default: jnp.expm1,
+    aten.log.default: jnp.log,
+    aten.log2.default: jnp.log2,
+    aten.log10.default: jnp.log10,
+    aten.log1p.default: jnp.log1p,
+    aten.sqrt.default: jnp.sqrt,
+    aten.rsqrt.default: lax.rsqrt,
+    aten.reciprocal.default: lambda x: 1 / x,
+    aten.sin.default: jnp.sin,
+    aten.cos.default: jnp.cos,
+    aten.tan.default: jnp.tan,
+    aten.asin.default: jnp.arcsin,
+    aten.acos.default: jnp.arccos,
+    aten.atan.default: jnp.arctan,
+    aten.sinh.default: jnp.sinh,
+    aten.cosh.default: jnp.cosh,
+    aten.tanh.default: jnp.tanh,
+    aten.asinh.default: jnp.arcsinh,
+    aten.acosh.default: jnp.arccosh,
+    aten.atanh.default: jnp.arctanh,
+    aten.sigmoid.default: lax.logistic,
+    aten.erf.default: lax.erf,
+    aten.erfc.default: lax.erfc,
+    aten.erfinv.default: lax.erf_inv,
+    aten.sinc.default: _sinc,
+}
+
+
+def _float_unary(fn):
+    def lowering(self):
+        (x,) = to_float(self)
+        return fn(x)
+
+    return lowering
+
+
+for _op, _fn in _FLOAT_UNARY.items():
+    lower(_op)(_float_unary(_fn))
+
+
+@lower(aten.logit.default)
+def logit(self, eps=None):
+    (x,) = to_float(self)
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+@lower(aten.nan_to_num.default)
+def nan_to_num(self, nan=None, posinf=None, neginf=None):
+    if is_integral(self.dtype):
+        return self
+    info = jnp.finfo(self.dtype)
+    x = jnp.where(jnp.isnan(self), cast(0.0 if nan is None else nan, self.dtype), self)
+    x = jnp.where(x == jnp.inf, cast(info.max if posinf is None else posinf, self.dtype), x)
+    return jnp.where(x == -jnp.inf, cast(info.min if neginf is None else neginf, self.dtype), x)
+
+
+@lower(aten.isnan.default)
+def isnan(self):
+    return jnp.zeros(self.shape, bool) if is_integral(self.dtype) else jnp.isnan(self)
+
+
+@lower(aten.isinf.default)
+def isinf(self):
+    return jnp.zeros(self.shape, bool) if is_integral(self.dtype) else jnp.isinf(self)
+
+
+@lower(aten.isposinf.default)
+def isposinf(self):
+    return jnp.zeros(self.shape, bool) if is_integral(self.dtype) else self == jnp.inf
+
+
+@lower(aten.isneginf.default)
+def isneginf(self):
+    return jnp.zeros(self.shape, bool) if is_integral(self.dtype) else self == -jnp.inf
+
+
+@lower(aten.signbit.default)
+def signbit(self):
+    if is_integral(self.dtype):
+        return self < 0 if jnp.issubdtype(self.dtype, jnp.signedinteger) else jnp.zeros(self.shape, bool)
+    return jnp.signbit(self)
+
+
+# ---- binary math ------------------------------------------------------------
+
+
+@lower(aten.atan2.default)
+def atan2(self, other):
+    a, b = to_float(self, other)
+    return jnp.arctan2(a, b)
+
+
+@lower(aten.logaddexp.default)
+def logaddexp(self, other):
+    a, b = _float_args(self, other)
+    return jnp.logaddexp(a, b)
+
+
+@lower(aten.logaddexp2.default)
+def logaddexp2(self, other):
+    a, b = _float_args(self, other)
+    return jnp.logaddexp2(a, b)
+
+
+@lower(aten.hypot.default)
+def hypot(self, other):
+    require("hypot_cpu", result_dtype(self, other), bool_ok=False, int_ok=False)
+    a, b = to_float(self, other)
+    return jnp.hypot(a, b)
+
+
+@lower(aten.copysign.Tensor, aten.copysign.Scalar)
+def copysign(self, other):
+    a, b = to_float(self, other)
+    return jnp.copysign(a, b)
+
+
+@lower(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self)
+def xlogy(self, other):
+    x, y = to_float(self, other)
+    safe = jnp.where(x == 0, 0, x * jnp.log(y))
+    return jnp.where(jnp.isnan(y), jnp.nan, safe)
+
+
+@lower(aten.heaviside.default)
+def heaviside(self, values):
+    dtype, (x, v) = promote(self, values)
+    return jnp.where(x == 0, v, (x > 0).astype(dtype))
+
+
+@lower(aten.maximum.default)
+def maximum(self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.maximum(a, b)
+
+
+@lower(aten.minimum.default)
+def minimum(self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.minimum(a, b)
+
+
+@lower(aten.fmax.default)
+def fmax(self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.fmax(a, b)
+
+
+@lower(aten.fmin.default)
+def fmin(self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.fmin(a, b)
+
+
+@lower(aten.clamp.default, aten.clamp.Tensor)
+def clamp(self, min=None, max=None):
+    """max(x, min) then min(., max): NaN propagates, min > max gives max."""
+    _, (x, lo, hi) = promote(self, min, max)
+    if lo is not None:
+        x = jnp.maximum(x, lo)
+    if hi is not None:
+        x = jnp.minimum(x, hi)
+    return x
+
+
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(self, min):
+    return clamp(self, min, None)
+
+
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(self, max):
+    return clamp(self, None, max)
+
+
+# ---- selection --------------------------------------------------------------
+
+
+@lower(aten.where.self)
+def where(condition, self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.where(cast(condition, np.bool_), a, b)
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(self, mask, value):
+    return jnp.where(cast(mask, np.bool_), cast(value, self.dtype), self)
+
+
+# ---- comparisons, logical and bitwise ops -----------------------------------
+
+
+def _comparison(fn):
+    def lowering(self, other):
+        _, (a, b) = promote(self, other)
+        return fn(a, b)
+
+    return lowering
+
+
+for _name, _fn in {
+    "eq": jnp.equal,
+    "ne": jnp.not_equal,
+    "lt": jnp.less,
+    "le": jnp.less_equal,
+    "gt": jnp.greater,
+    "ge": jnp.greater_equal,
+}.items():
+    _packet = getattr(aten, _name)
+    lower(_packet.Tensor, _packet.Scalar)(_comparison(_fn))
+
+
+@lower(aten.logical_and.default)
+def logical_and(self, other):
+    return (self != 0) & (other != 0)
+
+
+@lower(aten.logical_or.default)
+def logical_or(self, other):
+    return (self != 0) | (other != 0)
+
+
+@lower(aten.logical_xor.default)
+def logical_xor(self, other):
+    return (self != 0) ^ (other != 0)
+
+
+@lower(aten.logical_not.default)
+def logical_not(self):
+    return self == 0
+
+
+@lower(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)
+def bitwise_and(self, other):
+    dtype, (a, b) = promote(self, other)
+    require("bitwise_and_cpu", dtype, float_ok=False)
+    return a & b
+
+
+@lower(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)
+def bitwise_or(self, other):
+    dtype, (a, b) = promote(self, other)
+    require("bitwise_or_cpu", dtype, float_ok=False)
+    return a | b
+
+
+@lower(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)
+def bitwise_xor(self, other):
+    dtype, (a, b) = promote(self, other)
+    require("bitwise_xor_cpu", dtype, float_ok=False)
+    return a ^ b
+
+
+@lower(aten.bitwise_not.default)
+def bitwise_not(self):
+    require("bitwise_not_cpu", self.dtype, float_ok=False)
+    return ~self
+
+
+@lower(
+    aten.bitwise_left_shift.Tensor,
+    aten.bitwise_left_shift.Tensor_Scalar,
+    aten.bitwise_left_shift.Scalar_Tensor,
+    aten.__lshift__.Tensor,
+    aten.__lshift__.Scalar,
+)
+def left_shift(self, other):
+    """Shifts by a negative amount or by the bit width or more give 0."""
+    dtype, (a, b) = promote(self, other)
+    require("lshift_cpu", dtype, bool_ok=False, float_ok=False)
+    return lax.shift_left(*jnp.broadcast_arrays(a, b))
+
+
+@lower(
+    aten.bitwise_right_shift.Tensor,
+    aten.bitwise_right_shift.Tensor_Scalar,
+    aten.bitwise_right_shift.Scalar_Tensor,
+    aten.__rshift__.Tensor,
+    aten.__rshift__.Scalar,
+)
+def right_shift(self, other):
+    """Arithmetic for signed types; out-of-range shifts fill with the sign bit."""
+    dtype, (a, b) = promote(self, other)
+    require("rshift_cpu", dtype, bool_ok=False, float_ok=False)
+    if jnp.issubdtype(dtype, jnp.signedinteger):
+        return lax.shift_right_arithmetic(*jnp.broadcast_arrays(a, b))
+    return lax.shift_right_logical(*jnp.broadcast_arrays(a, b))
+
+
+@lower(aten.__ilshift__.Tensor, aten.__ilshift__.Scalar)
+def ilshift(self, other):
+    return left_shift(self, other)
+
+
+@lower(aten.__irshift__.Tensor, aten.__irshift__.Scalar)
+def irshift(self, other):
+    return right_shift(self, other)
+
+
+# ---- activations ------------------------------------------------------------
+
+
+@lower(aten.relu.default)
+def relu(self):
+    if self.dtype == np.bool_:
+        raise RuntimeError("Boolean inputs not supported for relu")
+    return jnp.maximum(self, jnp.zeros((), self.dtype))
+
+
+@lower(aten.threshold.default)
+def threshold(self, threshold, value):
+    """x <= threshold ? value : x."""
+    return jnp.where(self <= cast(threshold, self.dtype), cast(value, self.dtype), self)
+
+
+@lower(aten.leaky_relu.default)
+def leaky_relu(self, negative_slope=0.01):
+    (x,) = _float_args(self)
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lower(aten.elu.default)
+def elu(self, alpha=1, scale=1, input_scale=1):
+    (x,) = _float_args(self)
+    return jnp.where(x <= 0, jnp.expm1(x * input_scale) * (alpha * scale), x * scale)
+
+
+@lower(aten.hardtanh.default)
+def hardtanh(self, min_val=-1, max_val=1):
+    return clamp(self, min_val, max_val)
+
+
+@lower(aten.hardsigmoid.default)
+def hardsigmoid(self):
+    (x,) = _float_args(self)
+    return jnp.clip(x + 3, 0, 6) / 6
+
+
+@lower(aten.hardswish.default)
+def hardswish(self):
+    (x,) = _float_args(self)
+    return x * jnp.clip(x + 3, 0, 6) / 6
+
+
+@lower(aten.softplus.default)
+def softplus(self, beta=1, threshold=20):
+    (x,) = _float_args(self)
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
+
+
+@lower(aten.mish.default)
+def mish(self):
+    (x,) = _float_args(self)
+    return x * jnp.tanh(jnp.log1p(jnp.exp(x)))
+
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_GELU_KAPPA = 0.044715
+
+
+@lower(aten.gelu.default)
+def gelu(self, *, approximate="none"):
+    (x,) = _float_args(self)
+    if approximate == "tanh":
+        return 0.5 * x * (1 + jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_KAPPA * x * x * x)))
+    return x * 0.5 * (1 + lax.erf(x * math.sqrt(0.5)))
+
+
+@lower(aten.silu.default)
+def silu(self):
+    (x,) = _float_args(self)
+    return x / (1 + jnp.exp(-x))
+
+
+# ---- activation backward ops ------------------------------------------------
+
+
+@lower(aten.threshold_backward.default)
+def threshold_backward(grad_output, self, threshold):
+    return jnp.where(self <= cast(threshold, self.dtype), jnp.zeros((), grad_output.dtype), grad_output)
+
+
+@lower(aten.sigmoid_backward.default)
+def sigmoid_backward(grad_output, output):
+    g, y = _float_args(grad_output, output)
+    return g * (1 - y) * y
+
+
+@lower(aten.tanh_backward.default)
+def tanh_backward(grad_output, output):
+    g, y = _float_args(grad_output, output)
+    return g * (1 - y * y)
+
+
+@lower(aten.leaky_relu_backward.default)
+def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    g, x = _float_args(grad_output, self)
+    return jnp.where(x > 0, g, g * negative_slope)
+
+
+@lower(aten.elu_backward.default)
+def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    g, x = _float_args(grad_output, self_or_result)
+    if is_result:
+        negative = g * input_scale * (x + alpha * scale)
+    else:
+        negative = g * input_scale * alpha * scale * jnp.exp(x * input_scale)
+    return jnp.where(x <= 0, negative, g * scale)
+
+
+@lower(aten.hardtanh_backward.default)
+def hardtanh_backward(grad_output, self, min_val, max_val):
+    g, x = _float_args(grad_output, self)
+    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros_like(g), g)
+
+
+@lower(aten.softplus_backward.default)
+def softplus_backward(grad_output, self, beta, threshold):
+    g, x = _float_args(grad_output, self)
+    z = jnp.exp(x * beta)
+    return jnp.where(x * beta > threshold, g, g * z / (z + 1))
+
+
+@lower(aten.hardsigmoid_backward.default)
+def hardsigmoid_backward(grad_output, self):
+    g, x = _float_args(grad_output, self)
+    return jnp.where((x > -3) & (x < 3), g / 6, jnp.zeros_like(g))
+
+
+@lower(aten.hardswish_backward.default)
+def hardswish_backward(grad_output, self):
+    g, x = _float_args(grad_output, self)
+    return jnp.where(x < -3, jnp.zeros_like(g), jnp.where(x <= 3, g * (x / 3 + 0.5), g))
+
+
+@lower(aten.logit_backward.default)
+def logit_backward(grad_output, self, eps=None):
+    g, x = _float_args(grad_output, self)
+    grad = g / (x * (1 - x))
+    if eps is None:
+        return jnp.where((x < 0) | (x > 1), jnp.nan, grad)
+    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(g), grad)
+
+
+@lower(aten.gelu_backward.default)
+def gelu_backward(grad_output, self, *, approximate="none"):
+    g, x = _float_args(grad_output, self)
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (x + _GELU_KAPPA * x * x * x)
+        t = jnp.tanh(inner)
+        left = 0.5 * x
+        right = 1 + t
+        d_inner = _SQRT_2_OVER_PI * (1 + 3 * _GELU_KAPPA * x * x)
+        return g * (0.5 * right + left * (1 - t * t) * d_inner)
+    cdf = 0.5 * (1 + lax.erf(x * math.sqrt(0.5)))
+    pdf = jnp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    return g * (cdf + x * pdf)
+
+
+__all__ = ["cast", "float_dtype", "is_integral", "opmath", "promote", "require", "result_dtype", "to_float"]

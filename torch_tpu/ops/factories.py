@@ -1,1 +1,176 @@
-"""Lowerings."""
+"""Factory ops: fills, full/zeros/ones, arange, eye, linspace/logspace, casts, clone."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from torch_tpu.ops import dispatcher
+from torch_tpu.ops.dtypes import jax_dtype, to_numpy_dtype
+from torch_tpu.ops.elementwise import cast
+from torch_tpu.ops.registry import Lowering, aten, lower
+
+
+def _filled(shape, value, dtype) -> jnp.ndarray:
+    """`value` (Python scalar or traced scalar) cast as torch casts, broadcast to `shape`."""
+    return jnp.broadcast_to(cast(value, dtype), shape)
+
+
+def _scalar_dtype(*values, dtype=None) -> np.dtype:
+    """The dtype a factory infers from its Scalar arguments, as torch does."""
+    if dtype is not None:
+        return to_numpy_dtype(dtype)
+    if any(isinstance(v, complex) for v in values):
+        return jnp.dtype(np.complex128 if torch.get_default_dtype() == torch.float64 else np.complex64)
+    if any(isinstance(v, float) for v in values):
+        return jax_dtype(None)
+    if all(isinstance(v, bool) for v in values):
+        return np.dtype(np.bool_)
+    return np.dtype(np.int64)
+
+
+# ---- fills ------------------------------------------------------------------
+
+
+@lower(aten.fill_.Scalar, aten.fill_.Tensor)
+def fill_(self, value):
+    return _filled(self.shape, value, self.dtype)
+
+
+@lower(aten.zero_.default)
+def zero_(self):
+    return jnp.zeros_like(self)
+
+
+@lower(aten.full.default)
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _filled(tuple(size), fill_value, _scalar_dtype(fill_value, dtype=dtype))
+
+
+@lower(aten.zeros.default)
+def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), jax_dtype(dtype))
+
+
+@lower(aten.ones.default)
+def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(tuple(size), jax_dtype(dtype))
+
+
+@lower(aten._efficientzerotensor.default)
+def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Autograd's zero gradients: plain zeros here."""
+    return jnp.zeros(tuple(size), jax_dtype(dtype))
+
+
+@lower(aten.scalar_tensor.default)
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _filled((), s, jax_dtype(dtype))
+
+
+# ---- ranges -----------------------------------------------------------------
+
+
+def _acc_dtype(dtype: np.dtype) -> np.dtype:
+    """CPU's accumulation type for range factories."""
+    if jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_:
+        return np.dtype(np.int64)
+    if dtype.itemsize < 4:
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
+def _arange_size(start, end, step, dtype: np.dtype) -> int:
+    if dtype == np.int64:
+        xstart, xend, xstep = int(start), int(end), int(step)
+        sgn = (xstep > 0) - (xstep < 0)
+        return math.ceil((xend - xstart + xstep - sgn) / xstep)
+    return math.ceil((float(end) - float(start)) / float(step))
+
+
+@lower(aten.arange.start_step)
+def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    out = _scalar_dtype(start, end, step, dtype=dtype)
+    acc = _acc_dtype(out)
+    n = max(_arange_size(start, end, step, out), 0)
+    cast = int if acc == np.int64 else float
+    return (cast(start) + lax.iota(acc, n) * cast(step)).astype(out)
+
+
+@lower(aten.arange.start_out, eager=True)
+def arange_out(start, end, step=1, *, out):
+    result = aten.arange.start_step(start, end, step, dtype=out.dtype, device=out.device)
+    if out.shape != result.shape:
+        out.resize_(result.shape)
+    return out.copy_(result)
+
+
+@lower(aten.eye.default, aten.eye.m)
+def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, n if m is None else m, dtype=jax_dtype(dtype))
+
+
+def _linspace_values(start, end, steps: int, dtype: np.dtype) -> jnp.ndarray:
+    """CPU's linspace: from start for the first half, from end for the second."""
+    integral = jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_
+    step_dtype = np.dtype(np.float64) if integral else (np.dtype(np.float32) if dtype.itemsize < 4 else dtype)
+    start = jnp.asarray(start).astype(dtype).astype(step_dtype)
+    end = jnp.asarray(end).astype(dtype).astype(step_dtype)
+    if steps == 1:
+        return jnp.broadcast_to(start, (1,)).astype(dtype)
+    step = (end - start) / (steps - 1)
+    idx = lax.iota(step_dtype, steps)
+    values = jnp.where(idx < steps // 2, start + step * idx, end - step * (steps - idx - 1))
+    return values.astype(dtype)
+
+
+@lower(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _linspace_values(start, end, steps, jax_dtype(dtype))
+
+
+@lower(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor)
+def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    out = jax_dtype(dtype)
+    integral = jnp.issubdtype(out, jnp.integer) or out == np.bool_
+    exponents = _linspace_values(start, end, steps, np.dtype(np.float64) if integral else out)
+    compute = np.dtype(np.float32) if exponents.dtype.itemsize < 4 else exponents.dtype
+    return jnp.power(jnp.asarray(base, compute), exponents.astype(compute)).astype(out)
+
+
+# ---- casts and copies -------------------------------------------------------
+
+
+@lower(aten.clone.default)
+def clone(self, *, memory_format=None):
+    return self
+
+
+def _cast(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """The tpu -> tpu body of _to_copy (jit): a dtype conversion."""
+    if dtype is None:
+        return self
+    return lax.convert_element_type(self, to_numpy_dtype(dtype))
+
+
+_cast_kernel = dispatcher.make_kernel(aten._to_copy.default, Lowering(_cast), derived=False)
+
+
+@lower(aten._to_copy.default, eager=True)
+def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    target = self.device if device is None else torch.device(device)
+    same_device = self.device.type == "tpu" and target.type == "tpu" and target.index in (None, self.device.index)
+    if same_device and not self.is_complex() and (dtype is None or not dtype.is_complex):
+        return _cast_kernel(self, dtype=dtype)
+    out = torch.empty_like(
+        self,
+        dtype=dtype,
+        device=target,
+        pin_memory=bool(pin_memory),
+        memory_format=memory_format or torch.preserve_format,
+    )
+    return out.copy_(self, non_blocking)
