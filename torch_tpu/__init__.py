@@ -6,10 +6,16 @@ loads the C++ device surface, registers `torch.tpu` and the op lowerings.
 
 from __future__ import annotations
 
-import torch
 
-from torch_tpu import _C
-from torch_tpu.runtime import client as _client
+def _autoload() -> None:
+    """The `torch.backends` entry point. Importing this package registers the
+    backend; defined before `import torch` because that import may autoload us."""
+
+
+import torch  # noqa: E402
+
+from torch_tpu import _C  # noqa: E402
+from torch_tpu.runtime import client as _client  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -46,10 +52,6 @@ def sync() -> None:
 def platform() -> str:
     """"tpu", "cuda" or "cpu": the PJRT client tpu tensors run on."""
     return _client.platform()
-
-
-def _autoload() -> None:
-    """The `torch.backends` entry point: importing the package registers it."""
 
 
 __all__ = ["metrics", "platform", "sync"]
