@@ -457,38 +457,48 @@ def _fused_sgd(self, grads, momentum_buffer_list, weight_decay, momentum, lr, da
     )
 
 
-@functools.partial(jax.jit, static_argnums=tuple(range(4, 11)))
-def _fused_sgd_step(self, grads, momentum_buffer_list, lr, weight_decay, momentum, dampening, nesterov, maximize,
-                    is_first_step, scaled, grad_scale, found_inf):
-    del scaled
-    return _fused_sgd(self, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening, nesterov, maximize,
-                      is_first_step, grad_scale, found_inf)
+# The fused steps run eagerly with their own jitted function: PyTorch has no meta
+# kernel for _fused_sgd_ or the tensor_lr overloads, and a traced lr lets a
+# scheduler change it without recompiling.
+
+
+def _value(t):
+    if t is None:
+        return None
+    if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+        return to_jax(t)
+    return jnp.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, jnp.float32)
+
+
+def _write_lists(lists, values):
+    metrics.bump("executions")
+    for ts, vs in zip(lists, values):
+        for t, v in zip(ts, vs):
+            write_jax(t, v)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _fused_sgd_step(static, lists, lr, grad_scale, found_inf):
+    weight_decay, momentum, dampening, nesterov, maximize, is_first_step = static
+    return _fused_sgd(*lists, weight_decay, momentum, lr.reshape(()), dampening, nesterov, maximize, is_first_step,
+                      grad_scale, found_inf)
 
 
 @lower(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr, eager=True)
 def fused_sgd_(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
                is_first_step, grad_scale=None, found_inf=None):
-    """Eager: PyTorch has no meta kernel for _fused_sgd_, so the jitted step runs here."""
     if not self:
         return
-    read = [[to_jax(t) for t in ts] for ts in (self, grads, momentum_buffer_list)]
-    lr = to_jax(lr) if isinstance(lr, torch.Tensor) else jnp.float32(lr)
-    extra = [None if t is None else to_jax(t) for t in (grad_scale, found_inf)]
-    params, new_grads, bufs = _fused_sgd_step(
-        *read, lr.reshape(()), weight_decay, momentum, dampening, nesterov, maximize, is_first_step,
-        grad_scale is not None, *extra,
-    )
-    metrics.bump("executions")
-    for ts, values in ((self, params), (grads, new_grads), (momentum_buffer_list, bufs)):
-        for t, v in zip(ts, values):
-            write_jax(t, v)
+    lists = (self, grads, momentum_buffer_list)
+    static = (weight_decay, momentum, dampening, nesterov, maximize, is_first_step)
+    values = _fused_sgd_step(static, [[to_jax(t) for t in ts] for ts in lists], _value(lr), _value(grad_scale),
+                             _value(found_inf))
+    _write_lists(lists, values)
 
 
-@lower(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)
-def fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                 weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    if hasattr(lr, "shape"):
-        lr = lr.reshape(()).astype(jnp.float32)
+def _fused_adam(decoupled, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+                weight_decay, eps, amsgrad, maximize, grad_scale, found_inf):
+    lr = lr.reshape(()).astype(jnp.float32)
     params, new_grads, avgs, sqs, maxes = [], [], [], [], []
     for i, (p, g, m, v, step) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs, state_steps)):
         p32, g32, m32, v32 = _opmath(p), _opmath(g), _opmath(m), _opmath(v)
@@ -501,7 +511,10 @@ def fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_step
         bias1 = 1 - jnp.power(jnp.float32(beta1), step)
         bias2_sqrt = jnp.sqrt(1 - jnp.power(jnp.float32(beta2), step))
         if weight_decay != 0:
-            p32 = p32 * (1 - lr * weight_decay)
+            if decoupled:
+                p32 = p32 * (1 - lr * weight_decay)
+            else:
+                g32 = g32 + weight_decay * p32
         m32 = m32 + (1 - beta1) * (g32 - m32)
         v32 = beta2 * v32 + (1 - beta2) * g32 * g32
         if amsgrad:
@@ -520,3 +533,57 @@ def fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_step
         _skip_if_inf(found_inf, sqs, exp_avg_sqs),
         _skip_if_inf(found_inf, maxes, max_exp_avg_sqs) if amsgrad else list(max_exp_avg_sqs),
     )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _fused_adam_step(decoupled, static, lists, lr, grad_scale, found_inf):
+    return _fused_adam(decoupled, *lists, lr, *static, grad_scale, found_inf)
+
+
+def _run_fused_adam(decoupled, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, static,
+                    grad_scale, found_inf):
+    if not self:
+        return
+    lists = (self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
+    read = [[to_jax(t) for t in ts] for ts in lists] + [[_value(t) for t in state_steps]]
+    values = _fused_adam_step(decoupled, static, read, _value(lr), _value(grad_scale), _value(found_inf))
+    _write_lists(lists, values)
+
+
+@lower(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr, eager=True)
+def fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+                 weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+    _run_fused_adam(True, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
+                    (beta1, beta2, weight_decay, eps, amsgrad, maximize), grad_scale, found_inf)
+
+
+@lower(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, eager=True)
+def fused_adam_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+                weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+    _run_fused_adam(False, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
+                    (beta1, beta2, weight_decay, eps, amsgrad, maximize), grad_scale, found_inf)
+
+
+# ---- AMP gradient scaling ---------------------------------------------------
+
+
+@lower(aten._amp_foreach_non_finite_check_and_unscale_.default)
+def amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
+    inv = inv_scale.reshape(())
+    unscaled = [(_opmath(x) * inv).astype(x.dtype) for x in self]
+    bad = jnp.zeros((), bool)
+    for x in unscaled:
+        bad = bad | ~jnp.all(jnp.isfinite(x))
+    return unscaled, jnp.where(bad, jnp.ones_like(found_inf), found_inf)
+
+
+@lower(aten._amp_update_scale_.default)
+def amp_update_scale_(self, growth_tracker, found_inf, scale_growth_factor, scale_backoff_factor, growth_interval):
+    scale, tracker, inf = self.reshape(()), growth_tracker.reshape(()), found_inf.reshape(()) != 0
+    successful = tracker + 1
+    grow = successful == growth_interval
+    grown = scale * scale_growth_factor
+    grown = jnp.where(jnp.isfinite(grown), grown, scale)
+    new_scale = jnp.where(inf, scale * scale_backoff_factor, jnp.where(grow, grown, scale))
+    new_tracker = jnp.where(inf | grow, 0, successful)
+    return new_scale.reshape(self.shape), new_tracker.reshape(growth_tracker.shape)
