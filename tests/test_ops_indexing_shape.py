@@ -466,6 +466,36 @@ def test_scatter_legacy_reduce_and_grad():
     same(lambda x, s: x.scatter(1, on(x, I([[0, 1], [2, 0], [1, 3]])), s), x, src[:, :2], grad=True)
 
 
+def test_out_and_inplace_variants_through_views():
+    x, src = torch.randn(3, 4), torch.randn(4, 3)
+    perm = torch.stack([torch.randperm(3) for _ in range(4)])
+    same(lambda x, s: x.t().scatter_(1, on(x, perm), s), x, src)  # writes through to the base
+    same(lambda x, s: x.t().scatter_add_(1, on(x, perm), s), x, src)
+    same(lambda x: x[1:].index_fill_(1, on(x, I([0, 2])), -1.0), x)
+    same(lambda x, s: x.t().index_copy_(0, on(x, I([3, 0])), s[:2]), x, src)
+    t = x.to("tpu")
+    out = torch.empty(0, device="tpu")
+    torch.index_select(t, 1, I([2, 0]).to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), x.index_select(1, I([2, 0])))
+    out = torch.empty(0, device="tpu")
+    torch.gather(t, 0, I([[2, 1, 0, 0]]).to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), x.gather(0, I([[2, 1, 0, 0]])))
+
+
+def test_mask_fill_path_needs_no_host_sync():
+    x = torch.randn(3, 4)
+    t = x.to("tpu")
+    m = t > 0
+    torch_tpu.metrics.reset()
+    t[m] = 0.0  # x[mask] = scalar is a select: no data-dependent shape
+    t[:, m[0]] = 1.0
+    assert torch_tpu.metrics.counters()["host_transfers"] == 0
+    mc = x > 0
+    x[mc] = 0.0
+    x[:, mc[0]] = 1.0
+    torch.testing.assert_close(t.cpu(), x)
+
+
 def test_gather_scatter_errors():
     x = torch.randn(3, 4)
     same_error(lambda x: x.gather(1, on(x, I([[4]]))), x, match=True)
@@ -620,6 +650,9 @@ def test_searchsorted_bucketize():
     same(lambda s, v: torch.bucketize(v, s), seq, v)
     same(lambda s, v: torch.bucketize(v, s, right=True, out_int32=True), seq, v)
     same(lambda s: torch.searchsorted(s, torch.tensor([2, 5], device=s.device)), torch.tensor([1, 2, 5, 9]))
+    same(lambda s: torch.searchsorted(s, torch.tensor([2.5], device=s.device)), torch.tensor([1, 2, 5, 9]))
+    same(lambda s: torch.searchsorted(s, 0.1, right=True), torch.tensor([0.1, 0.2]))  # scalar in float32
+    same(lambda s: torch.bucketize(0.1, s, right=True), torch.tensor([0.1, 0.2]))
 
 
 # ---- unique ------------------------------------------------------------------------------
@@ -645,3 +678,22 @@ def test_unique(dtype):
 
 def test_unique_nan():
     same(lambda x: x.unique(return_counts=True), torch.tensor([NAN, 1.0, NAN, 1.0]))
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce(reduce, include_self):
+    x, src = torch.randn(4, 3), torch.randn(3, 3)
+    same(lambda x, s: x.index_reduce(0, on(x, I([0, 2, 0])), s, reduce, include_self=include_self), x, src)
+    same(lambda x, s: x.t().index_reduce_(1, on(x, I([3, 3, 1])), s, reduce), x, src)  # through a view
+
+
+def test_repeat_interleave():
+    x = torch.arange(6.0).reshape(3, 2)
+    same(lambda r: torch.repeat_interleave(r), I([1, 0, 2]))
+    same(lambda x: x.repeat_interleave(on(x, I([1, 0, 2])), 0), x, grad=True)
+    same(lambda x: x.repeat_interleave(2, 1), x)
+    same(lambda x: x.repeat_interleave(on(x, I([2, 1])), dim=1, output_size=3), x)
+    same(lambda r: torch.repeat_interleave(r[:0]), I([1]))
+    same_error(lambda r: torch.repeat_interleave(r), I([1, -1]), match=True)
+    same_error(lambda r: torch.repeat_interleave(r, output_size=4), I([1, 2]), match=True)

@@ -378,3 +378,28 @@ def test_mode():
     same(lambda x: tuple(x.mode()), torch.tensor([1, 2, 2, 3, 3, 1, 5]))
     same(lambda x: tuple(x.mode(keepdim=True)), x)
     same(lambda x: tuple(x.mode(1)), torch.tensor([[3.0, NAN, 1.0, NAN, 2.0], [NAN] * 5]))
+
+
+def test_norm_overloads_and_logcumsumexp():
+    x = torch.randn(3, 4)
+    same(lambda x: torch.ops.aten.norm.Scalar(x, 3), x)
+    same(lambda x: torch.ops.aten.norm.ScalarOpt_dim(x, None, [1], True), x)
+    same(lambda x: torch.ops.aten.norm.ScalarOpt_dim_dtype(x, 1, [0], False, dtype=torch.float64), x)
+    same(lambda x: torch.ops.aten.norm.ScalarOpt_dtype(x, 2, dtype=torch.float64), x)
+    same(lambda x, y: torch.dist(x, y), x, torch.randn(3, 4))
+    same(lambda x: torch.logcumsumexp(x, 1), x)
+    same(lambda x: torch.logcumsumexp(x.t(), 0), x, grad=True)
+    same(lambda x: torch.logcumsumexp(x, 0), torch.tensor([-math.inf, 0.0, math.inf]))
+
+
+def test_bincount():
+    x = torch.tensor([0, 2, 2, 5, 1])
+    same(lambda x: torch.bincount(x), x)
+    same(lambda x: torch.bincount(x, minlength=8), x)
+    same(lambda x, w: torch.bincount(x, w), x, torch.rand(5))
+    same(lambda x, w: torch.bincount(x, w), x, torch.arange(5))
+    same(lambda x: torch.bincount(x[:0]), x)
+    same_error(lambda x: torch.bincount(x), torch.tensor([1, -1]), match=True)
+    same_error(lambda x: torch.bincount(x[None]), x, match=True)
+    same_error(lambda x: torch.bincount(x, minlength=-1), x, match=True)
+    same_error(lambda x: torch.bincount(x.float()), x)

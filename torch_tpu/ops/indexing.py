@@ -44,6 +44,13 @@ def _host(array) -> np.ndarray:
     return np.asarray(array)
 
 
+def index_bounds(index: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of a non-empty integer tpu tensor: one host sync."""
+    metrics.bump("executions")
+    lo, hi = _host(_minmax((to_jax(index),)))[0]
+    return int(lo), int(hi)
+
+
 def _check_ranges(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]]) -> None:
     """Raises `error(value)` for the first index outside [low, high); one sync."""
     checks = [c for c in checks if c[0].numel() > 0 and not c[0].is_floating_point() and c[0].dtype != torch.bool]
@@ -185,14 +192,21 @@ def _searchsorted(seq, values, right, sorter, out_int32):
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
+def _value(v, seq):
+    """A Scalar `v` compares in the sequence's dtype when that is floating, as on CPU."""
+    if isinstance(v, (int, float, bool)) and jnp.issubdtype(seq.dtype, jnp.floating):
+        return jnp.asarray(v, seq.dtype)
+    return jnp.asarray(v)
+
+
 @lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
 def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
-    return _searchsorted(sorted_sequence, jnp.asarray(self), right or side == "right", sorter, out_int32)
+    return _searchsorted(sorted_sequence, _value(self, sorted_sequence), right or side == "right", sorter, out_int32)
 
 
 @lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
 def bucketize(self, boundaries, *, out_int32=False, right=False):
-    return _searchsorted(boundaries, jnp.asarray(self), right, None, out_int32)
+    return _searchsorted(boundaries, _value(self, boundaries), right, None, out_int32)
 
 
 # ---- gather / scatter family ---------------------------------------------------------
@@ -302,6 +316,17 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     else:
         out = _scatter(start, axis, index, src, reduce)
     return out.reshape(shape)
+
+
+@lower_checked(aten.index_reduce.default, _range_check(False, _oob))
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """scatter_reduce along `dim` with one index per slice."""
+    shape = x.shape
+    x, source = _at_least_1d(x, source)
+    axis = dim % x.ndim
+    index = index.reshape(-1)
+    full = lax.broadcast_in_dim(index, source.shape, (axis,))
+    return scatter_reduce(x, axis, full, source, reduce, include_self=include_self).reshape(shape)
 
 
 def _along(axis: int, index):
@@ -632,98 +657,91 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
 
 
 # ---- unique ---------------------------------------------------------------------------
+#
+# Each one works on "rows": the flattened elements (one-element rows) or, with
+# a dim, the slices along it. Step 1 (jitted) orders the rows (sorted, or as
+# they are for unique_consecutive) and flags where a new run starts; the number
+# of runs comes to the host; step 2 (jitted, static count) gathers the runs.
 
 
-@jax.jit
-def _run_starts(flat):
-    return jnp.concatenate([jnp.ones((min(flat.size, 1),), bool), flat[1:] != flat[:-1]])
+def _as_rows(x, dim):
+    if dim is None:
+        return x.reshape(-1, 1)
+    moved = jnp.moveaxis(x, dim, 0)
+    return moved.reshape(moved.shape[0], -1)
 
 
-@jax.jit
-def _sorted_flags(flat):
-    s, perm = sort_along(flat, 0)
-    return s, perm, _run_starts(s)
+@functools.partial(jax.jit, static_argnames=("dim", "consecutive"))
+def _runs(x, dim, consecutive):
+    rows = _as_rows(x, dim)
+    n = rows.shape[0]
+    if consecutive or rows.shape[1] == 0:
+        perm = jnp.arange(n, dtype=jnp.int64)
+    elif dim is None:
+        _, perm = sort_along(rows[:, 0], 0)
+    else:
+        keys = rows.astype(jnp.uint8) if rows.dtype == jnp.bool_ else rows
+        perm = jnp.lexsort(tuple(keys[:, j] for j in reversed(range(rows.shape[1])))).astype(jnp.int64)
+    s = rows[perm]
+    starts = jnp.concatenate([jnp.ones((min(n, 1),), bool), jnp.any(s[1:] != s[:-1], axis=1)])
+    return s, perm, starts
 
 
-@functools.partial(jax.jit, static_argnames=("count",))
-def _groups(values, flags, count):
-    """Per-run representative values, the run of each element, run lengths."""
-    group = jnp.cumsum(flags) - 1
-    uniq = jnp.zeros((count,) + values.shape[1:], values.dtype).at[group].set(values)
+@functools.partial(jax.jit, static_argnames=("count", "dim", "shape"))
+def _gather_runs(s, perm, starts, count, dim, shape):
+    """(unique values, inverse, counts); `shape` is the input's."""
+    group = jnp.cumsum(starts) - 1
+    rows = jnp.zeros((count,) + s.shape[1:], s.dtype).at[group].set(s)
     counts = jnp.zeros((count,), jnp.int64).at[group].add(1)
-    return uniq, group, counts
+    inverse = jnp.zeros(perm.shape, jnp.int64).at[perm].set(group)
+    if dim is None:
+        return rows.reshape(count), inverse.reshape(shape), counts
+    moved = (shape[dim],) + shape[:dim] + shape[dim + 1 :]
+    values = jnp.moveaxis(rows.reshape((count,) + moved[1:]), 0, dim)
+    return values, inverse, counts
+
+
+def _unique(self: torch.Tensor, dim: int | None, consecutive: bool):
+    x = to_jax(self)
+    if dim is not None:
+        dim %= max(x.ndim, 1)
+        if x.ndim == 0:
+            x, dim = x.reshape(1), None
+    metrics.bump("executions", 2)
+    s, perm, starts = _runs(x, dim, consecutive)
+    count = _count_true(starts)
+    dev = self.device.index
+    return [from_jax(a, dev) for a in _gather_runs(s, perm, starts, count, dim, tuple(x.shape))]
 
 
 def _empty_long(device: int) -> torch.Tensor:
     return from_jax(jnp.zeros((0,), jnp.int64), device)
 
 
-@lower(aten._unique2.default, eager=True)
-def unique2(self, sorted=True, return_inverse=False, return_counts=False):
-    dev = self.device.index
-    flat = to_jax(self).reshape(-1)
-    metrics.bump("executions", 2)
-    s, perm, flags = _sorted_flags(flat)
-    count = _count_true(flags)
-    uniq, group, counts = _groups(s, flags, count)
-    inverse = jnp.zeros(flat.shape, jnp.int64).at[perm].set(group).reshape(tuple(self.shape))
+def _requested(values, inverse, counts, return_inverse, return_counts):
+    dev = values.device.index
     return (
-        from_jax(uniq, dev),
-        from_jax(inverse, dev) if return_inverse else _empty_long(dev),
-        from_jax(counts, dev) if return_counts else _empty_long(dev),
+        values,
+        inverse if return_inverse else _empty_long(dev),
+        counts if return_counts else _empty_long(dev),
     )
 
 
-@functools.partial(jax.jit, static_argnames=("consecutive",))
-def _rows_sorted(rows, consecutive):
-    n = rows.shape[0]
-    if consecutive or rows.shape[1] == 0:
-        perm = jnp.arange(n, dtype=jnp.int64)
-    else:
-        keys = rows.astype(jnp.uint8) if rows.dtype == jnp.bool_ else rows
-        perm = jnp.lexsort(tuple(keys[:, j] for j in reversed(range(rows.shape[1])))).astype(jnp.int64)
-    s = rows[perm]
-    flags = jnp.concatenate([jnp.ones((min(n, 1),), bool), jnp.any(s[1:] != s[:-1], axis=1)])
-    return s, perm, flags
-
-
-def _unique_rows(self, dim, consecutive):
-    """unique over slices along `dim`: (values, inverse, counts) as jax arrays."""
-    x = to_jax(self)
-    dim %= max(x.ndim, 1)
-    moved = jnp.moveaxis(x, dim, 0)
-    rows = moved.reshape(moved.shape[0], -1)
-    metrics.bump("executions", 2)
-    s, perm, flags = _rows_sorted(rows, consecutive)
-    count = _count_true(flags)
-    uniq, group, counts = _groups(s, flags, count)
-    inverse = jnp.zeros((rows.shape[0],), jnp.int64).at[perm].set(group)
-    uniq = jnp.moveaxis(uniq.reshape((count,) + moved.shape[1:]), 0, dim)
-    return uniq, inverse, counts
+@lower(aten._unique2.default, eager=True)
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    # Always sorted: CPU's sorted=False order is unspecified.
+    return _requested(*_unique(self, None, False), return_inverse, return_counts)
 
 
 @lower(aten.unique_dim.default, eager=True)
 def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
-    dev = self.device.index
-    uniq, inverse, counts = _unique_rows(self, dim, consecutive=False)
-    return from_jax(uniq, dev), from_jax(inverse, dev), from_jax(counts, dev)
+    # CPU returns the inverse and counts whether asked or not.
+    return tuple(_unique(self, dim, False))
 
 
 @lower(aten.unique_consecutive.default, eager=True)
 def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
-    dev = self.device.index
-    if dim is None:
-        flat = to_jax(self).reshape(-1)
-        metrics.bump("executions", 2)
-        flags = _run_starts(flat)
-        uniq, group, counts = _groups(flat, flags, _count_true(flags))
-        inverse = group.reshape(tuple(self.shape))
-    else:
-        # With a dim, CPU returns the inverse and counts whether asked or not.
-        uniq, inverse, counts = _unique_rows(self, dim, consecutive=True)
-        return from_jax(uniq, dev), from_jax(inverse, dev), from_jax(counts, dev)
-    return (
-        from_jax(uniq, dev),
-        from_jax(inverse, dev) if return_inverse else _empty_long(dev),
-        from_jax(counts, dev) if return_counts else _empty_long(dev),
-    )
+    values, inverse, counts = _unique(self, dim, True)
+    if dim is not None:
+        return values, inverse, counts  # as unique_dim
+    return _requested(values, inverse, counts, return_inverse, return_counts)

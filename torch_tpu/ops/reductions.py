@@ -10,13 +10,18 @@ the largest value (it propagates), as on CPU.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
+from torch_tpu import metrics
+from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype
-from torch_tpu.ops.indexing import sort_along
+from torch_tpu.ops.indexing import index_bounds, sort_along
 from torch_tpu.ops.registry import aten, lower
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -326,6 +331,30 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return r.astype(out_dtype)
 
 
+def _p(p) -> float:
+    return 2.0 if p is None else float(p)
+
+
+@lower(aten.norm.Scalar)
+def norm(x, p=2):
+    return linalg_vector_norm(x, _p(p))
+
+
+@lower(aten.norm.ScalarOpt_dtype)
+def norm_dtype(x, p, *, dtype):
+    return linalg_vector_norm(x, _p(p), dtype=dtype)
+
+
+@lower(aten.norm.ScalarOpt_dim)
+def norm_dim(x, p, dim, keepdim=False):
+    return linalg_vector_norm(x, _p(p), dim, keepdim)
+
+
+@lower(aten.norm.ScalarOpt_dim_dtype)
+def norm_dim_dtype(x, p, dim, keepdim, *, dtype):
+    return linalg_vector_norm(x, _p(p), dim, keepdim, dtype=dtype)
+
+
 # ---- scans -------------------------------------------------------------------------
 
 
@@ -345,6 +374,12 @@ def cumsum(x, dim, *, dtype=None):
 def cumprod(x, dim, *, dtype=None):
     x = _integral_to_long(x, dtype)
     return _scan(_acc(x), dim, jnp.cumprod).astype(x.dtype)
+
+
+@lower(aten.logcumsumexp.default)  # _logcumsumexp has no meta kernel
+def logcumsumexp(x, dim):
+    out_dtype = x.dtype
+    return _scan(_acc(x), dim, lambda v, axis: lax.cumlogsumexp(v, axis=axis)).astype(out_dtype)
 
 
 def _cum_extreme(x, dim, better):
@@ -462,3 +497,35 @@ def mode(x, dim=-1, keepdim=False):
     if not keepdim:
         v, idx = v.squeeze(axis), idx.squeeze(axis)
     return v, idx
+
+
+# ---- bincount (data-dependent length) --------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("length",))
+def _bincount(x, weights, length):
+    if weights is None:
+        return jnp.zeros((length,), jnp.int64).at[x].add(1)
+    dtype = weights.dtype if weights.dtype == jnp.float32 else jnp.float64
+    return jnp.zeros((length,), dtype).at[x].add(weights.astype(dtype))
+
+
+@lower(aten.bincount.default, eager=True)
+def bincount(self, weights=None, minlength=0):
+    if self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
+        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{str(self.dtype).split(".")[1].capitalize()}\'')
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if self.dim() != 1:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    length = minlength
+    if self.numel():
+        lo, hi = index_bounds(self)
+        if lo < 0:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+        length = max(length, hi + 1)
+    metrics.bump("executions")
+    w = None if weights is None else to_jax(weights)
+    return from_jax(_bincount(to_jax(self), w, length), self.device.index)

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from torch_tpu import metrics
+from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 
@@ -70,6 +72,34 @@ def tril(x, diagonal=0):
 @lower(aten.triu.default)
 def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
+
+
+@functools.partial(jax.jit, static_argnames=("size",))
+def _repeat_indices(repeats, size):
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=jnp.int64), repeats, total_repeat_length=size)
+
+
+@lower(aten.repeat_interleave.Tensor, eager=True)
+def repeat_interleave(repeats, *, output_size=None):
+    """arange(len(repeats)) with element i repeated repeats[i] times; the
+    length is data-dependent unless output_size gives it."""
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError("repeats has to be Long or Int tensor")
+    r = to_jax(repeats)
+    if repeats.numel():
+        metrics.bump("executions")
+        metrics.bump("host_transfers")
+        lo, total = (int(v) for v in jax.device_get(jnp.stack([jnp.min(r), jnp.sum(r)])))
+        if lo < 0:
+            raise RuntimeError("repeats can not be negative")
+    else:
+        total = 0
+    if output_size is not None and output_size != total:
+        raise RuntimeError("allocated size does not match required size")
+    metrics.bump("executions")
+    return from_jax(_repeat_indices(r, total), repeats.device.index)
 
 
 # ---- padding -------------------------------------------------------------------------
