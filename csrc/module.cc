@@ -1,7 +1,9 @@
 // torch_tpu._C: the Python face of the device surface.
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/extension.h>
 
 #include <optional>
 #include <string>
