@@ -213,6 +213,16 @@ def _reconstruct_eigh(w, v):
     return (v * w) @ v.mT
 
 
+def test_matrix_exp_cross_householder_cholesky_inverse():
+    compare(torch.linalg.matrix_exp, rand(2, 3, 3) * 0.5, rtol=1e-4, atol=1e-5)
+    compare(torch.linalg.cross, rand(4, 3), rand(1, 3))
+    compare(lambda a, b: torch.linalg.cross(a, b, dim=0), rand(3, 2), rand(3, 2))
+    compare(lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a)), spd(3, 3), rtol=1e-4, atol=1e-5)
+    compare(lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a, upper=True), upper=True), spd(3, 3),
+            rtol=1e-4, atol=1e-5, grad=False)
+    compare(torch.linalg.householder_product, rand(4, 3), rand(2), grad=False)
+
+
 # ---- optimizers -------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg as jsl
 import torch
 from jax import lax
 
@@ -14,6 +15,17 @@ from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.registry import aten, lower
 
 _HIGHEST = lax.Precision.HIGHEST
+
+
+def _full_precision(fn):
+    """Runs a decomposition's inner matmuls at float32 precision (TPU defaults to bf16 passes)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def _is_low_float(dtype) -> bool:
@@ -125,6 +137,7 @@ def _det_parts(A, log):
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
+@_full_precision
 def _det_jit(A, log, transpose):
     # det(A^T) = det(A): CPU factors A^T when A is contiguous and real, and the
     # backward (linalg_lu_solve with adjoint = not that) relies on it.
@@ -151,6 +164,7 @@ def linalg_slogdet(A):
 
 
 @lower(aten.linalg_lu_factor_ex.default)
+@_full_precision
 def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
     if not pivot:
         raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the tpu")
@@ -172,6 +186,7 @@ def _unpack_lu(lu):
 
 
 @lower(aten.linalg_lu.default)
+@_full_precision
 def linalg_lu(A, *, pivot=True):
     if not pivot:
         raise RuntimeError("linalg.lu: LU without pivoting is not implemented on the tpu")
@@ -222,6 +237,7 @@ def _is_vector_rhs(A, B) -> bool:
 
 
 @lower(aten._linalg_solve_ex.default)
+@_full_precision
 def linalg_solve_ex(A, B, *, left=True, check_errors=False):
     lu, pivots, _ = _lu(A)
     vector = _is_vector_rhs(A, B)
@@ -238,6 +254,7 @@ def linalg_solve_ex(A, B, *, left=True, check_errors=False):
 
 
 @lower(aten.linalg_lu_solve.default)
+@_full_precision
 def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
     if left:
         return _lu_solve(LU, pivots, B, adjoint=adjoint)
@@ -247,6 +264,7 @@ def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
 
 
 @lower(aten.linalg_inv_ex.default)
+@_full_precision
 def linalg_inv_ex(A, *, check_errors=False):
     lu, pivots, _ = _lu(A)
     eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
@@ -254,6 +272,7 @@ def linalg_inv_ex(A, *, check_errors=False):
 
 
 @lower(aten.linalg_cholesky_ex.default)
+@_full_precision
 def linalg_cholesky_ex(A, *, upper=False, check_errors=False):
     L = jnp.tril(lax.linalg.cholesky(A, symmetrize_input=False))
     # A failed factorization leaves nan on the diagonal from the first bad pivot on.
@@ -266,6 +285,7 @@ def linalg_cholesky_ex(A, *, upper=False, check_errors=False):
 
 
 @lower(aten.cholesky_solve.default)
+@_full_precision
 def cholesky_solve(self, input2, upper=False):
     batch = jnp.broadcast_shapes(self.shape[:-2], input2.shape[:-2])
     B = jnp.broadcast_to(self, batch + self.shape[-2:])
@@ -277,6 +297,7 @@ def cholesky_solve(self, input2, upper=False):
 
 
 @lower(aten.linalg_qr.default)
+@_full_precision
 def linalg_qr(A, mode="reduced"):
     if mode == "r":
         R = jnp.linalg.qr(A, mode="r")
@@ -286,6 +307,7 @@ def linalg_qr(A, mode="reduced"):
 
 
 @lower(aten._linalg_svd.default)
+@_full_precision
 def linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
     if not compute_uv:
         S = jnp.linalg.svd(A, compute_uv=False)
@@ -296,6 +318,7 @@ def linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
 
 
 @lower(aten._linalg_eigh.default)
+@_full_precision
 def linalg_eigh(A, UPLO="L", compute_v=True):
     lower_ = UPLO.upper() == "L"
     V, w = lax.linalg.eigh(A, lower=lower_, symmetrize_input=False)
@@ -310,6 +333,7 @@ def _broadcast_batch(A, B):
 
 
 @lower(aten.triangular_solve.default)
+@_full_precision
 def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
     A, B = _broadcast_batch(A, self)
     X = lax.linalg.triangular_solve(
@@ -319,7 +343,33 @@ def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
 
 
 @lower(aten.linalg_solve_triangular.default)
+@_full_precision
 def linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
     A, B = _broadcast_batch(self, B)
     return lax.linalg.triangular_solve(A, B, left_side=left, lower=not upper, unit_diagonal=unitriangular)
 
+
+
+@lower(aten.cholesky_inverse.default)
+@_full_precision
+def cholesky_inverse(self, upper=False):
+    eye = jnp.broadcast_to(jnp.eye(self.shape[-1], dtype=self.dtype), self.shape)
+    return cholesky_solve(eye, self, upper)
+
+
+@lower(aten.linalg_householder_product.default)
+@_full_precision
+def linalg_householder_product(input, tau):
+    return lax.linalg.householder_product(input, tau)
+
+
+@lower(aten.linalg_matrix_exp.default)
+@_full_precision
+def linalg_matrix_exp(self):
+    return jsl.expm(self)
+
+
+@lower(aten.linalg_cross.default)
+def linalg_cross(self, other, *, dim=-1):
+    shape = jnp.broadcast_shapes(self.shape, other.shape)
+    return jnp.cross(jnp.broadcast_to(self, shape), jnp.broadcast_to(other, shape), axis=dim)
