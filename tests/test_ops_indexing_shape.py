@@ -78,7 +78,7 @@ def _data(dtype, shape=(3, 4)):
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
-I = torch.tensor  # noqa: E741
+I = torch.tensor
 
 
 def on(x, t):
@@ -151,7 +151,7 @@ def test_split_chunk_unbind_alias():
     for parts in (t.split(2, 1), t.chunk(3, 0), t.unbind(0), t.split([1, 3], 1)):
         for p in parts:
             assert p.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-    a, b = t.split(2, 1)
+    _, b = t.split(2, 1)
     b.zero_()
     assert t.cpu()[:, 2:].abs().sum() == 0
 
@@ -235,7 +235,13 @@ def test_flip_roll_repeat_tril(dtype):
 
 def test_shape_ops_grad_and_inplace():
     x = torch.randn(3, 4)
-    for fn in (lambda x: x.flip(1), lambda x: x.roll(1, 0), lambda x: x.repeat(2, 2), lambda x: x.tril(), lambda x: x.triu(-1)):
+    for fn in (
+        lambda x: x.flip(1),
+        lambda x: x.roll(1, 0),
+        lambda x: x.repeat(2, 2),
+        lambda x: x.tril(),
+        lambda x: x.triu(-1),
+    ):
         same(fn, x, grad=True)
     same(lambda x: x.tril_(), x)
     same(lambda x: x.t().triu_(1), x)
@@ -366,6 +372,10 @@ def test_setitem(dtype):
         x[m] = x[m].flip(0)
         return x
 
+    def put_mask_view(x, m):
+        x.t()[m.t()] = 1
+        return x
+
     def put_view(x, v):
         x.t()[I([2]), 1:3] = v[0, :2]
         return x
@@ -376,6 +386,7 @@ def test_setitem(dtype):
     same(put_mask_row, x, m)
     same(put_mask_values, x, m)
     same(put_view, x, v)
+    same(put_mask_view, x, m)
 
 
 def test_index_put_accumulate():
@@ -442,8 +453,9 @@ def test_gather_scatter(dtype):
     same(lambda x, s: x.t().scatter(0, on(x, perm.t()), s.t()), x, src)
     same(lambda x, s: x.scatter_(1, on(x, perm), s), x, src)
     if dtype != torch.bool:
-        same(lambda x, s: x.scatter_add(1, on(x, idx), s), x, src, **({"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}))
-        same(lambda x, s: x.scatter(1, on(x, idx), s, reduce="add"), x, src, **({"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}))
+        tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+        same(lambda x, s: x.scatter_add(1, on(x, idx), s), x, src, **tol)
+        same(lambda x, s: x.scatter(1, on(x, idx), s, reduce="add"), x, src, **tol)
 
 
 @pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])

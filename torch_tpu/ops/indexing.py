@@ -6,6 +6,7 @@ CPU's error: one small min/max reduction and a two-number transfer per index
 tensor (none for CPU index tensors). Those ops are eager lowerings that run the
 check and then the op's jitted kernel, `dispatcher.make_kernel` of the plain
 jax function below it (so meta still decides shapes, dtypes and shape errors).
+That jax function stays reachable as the eager kernel's `jit_lowering`.
 
 Data-dependent shapes (nonzero, masked_select, bool-mask indexing, unique) are
 eager: they count on the device, bring the count to the host, and run a jitted
@@ -113,13 +114,13 @@ def lower_checked(op, check: Callable, *, variants: bool = True) -> Callable:
             ops += [(v, True) for v in (inplace_variant(op), out_variant(op)) if v is not None]
         for variant, derived in ops:
             kernel = dispatcher.make_kernel(variant, Lowering(fn), derived)
-            lower(variant, eager=True)(_guarded(kernel, check))
+            lower(variant, eager=True)(_guarded(kernel, check, fn))
         return fn
 
     return register
 
 
-def _guarded(kernel: Callable, check: Callable) -> Callable:
+def _guarded(kernel: Callable, check: Callable, fn: Callable) -> Callable:
     def run(*args, **kwargs):
         replaced = check(*args, **kwargs)
         if replaced is not None:
@@ -127,6 +128,7 @@ def _guarded(kernel: Callable, check: Callable) -> Callable:
         return kernel(*args, **kwargs)
 
     run.__name__ = kernel.__name__
+    run.jit_lowering = fn  # the unchecked jax function, for graph compilers
     return run
 
 
@@ -523,7 +525,9 @@ def _prepare_indices(self: torch.Tensor, indices) -> list:
     """CPU's expandTensors: bool/byte masks become their nonzero() coordinates,
     CPU index tensors move to the device, and integer indices are range-checked."""
     if self.device.type != "tpu":
-        raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor ({self.device})")
+        raise RuntimeError(
+            f"indices should be either on cpu or on the same device as the indexed tensor ({self.device})"
+        )
     out: list = []
     from_mask: set[int] = set()
     for idx in indices:
@@ -555,15 +559,25 @@ def _prepare_indices(self: torch.Tensor, indices) -> list:
         torch.broadcast_shapes(*(t.shape for t in tensors))
     except RuntimeError:
         shapes = ", ".join(str(list(t.shape)) for t in tensors)
-        raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}") from None
+        raise IndexError(
+            f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
+        ) from None
     checks = []
     for d, t in enumerate(out):
         if t is not None and d not in from_mask:
             # CPU's message counts dimensions among the index tensors only.
             k = sum(u is not None for u in out[:d])
             size = self.shape[d]
-            checks.append((t, -size, size, lambda v, k=k, size=size: IndexError(
-                f"index {v} is out of bounds for dimension {k} with size {size}")))
+            checks.append(
+                (
+                    t,
+                    -size,
+                    size,
+                    lambda v, k=k, size=size: IndexError(
+                        f"index {v} is out of bounds for dimension {k} with size {size}"
+                    ),
+                )
+            )
     _check_ranges(checks)
     return [t if t is None or t.device == self.device else t.to(self.device) for t in out]
 
@@ -578,6 +592,9 @@ _index_kernel = dispatcher.make_kernel(aten.index.Tensor, Lowering(_index), Fals
 @lower(aten.index.Tensor, eager=True)
 def index(self, indices):
     return _index_kernel(self, _prepare_indices(self, indices))
+
+
+index.jit_lowering = _index  # integer indices only, unchecked
 
 
 def _index_put(x, indices, values, accumulate=False, unsafe=False):
@@ -605,8 +622,15 @@ _meta_checked: set = set()
 
 def _meta_check(self, indices, values, accumulate) -> None:
     """The meta pass of _index_put_impl_ for the sync-free mask path (once per signature)."""
-    key = (self.shape, self.dtype, tuple(None if i is None else (i.shape, i.dtype) for i in indices), values.shape,
-           values.dtype, values.device.type, accumulate)
+    key = (
+        self.shape,
+        self.dtype,
+        tuple(None if i is None else (i.shape, i.dtype) for i in indices),
+        values.shape,
+        values.dtype,
+        values.device.type,
+        accumulate,
+    )
     if key in _meta_checked:
         return
     meta = [None if i is None else torch.empty(i.shape, dtype=i.dtype, device="meta") for i in indices]
@@ -615,7 +639,7 @@ def _meta_check(self, indices, values, accumulate) -> None:
     _meta_checked.add(key)
 
 
-def _type_name(dtype: torch.dtype) -> str:
+def type_name(dtype: torch.dtype) -> str:
     """ATen's name of a dtype ("Float", "Long", ...), as its messages spell it."""
     return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
@@ -635,7 +659,7 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     if values.dtype != self.dtype and not masked_fill:
         raise RuntimeError(
             "Index put requires the source and destination dtypes match, got "
-            f"{_type_name(self.dtype)} for the destination and {_type_name(values.dtype)} for the source."
+            f"{type_name(self.dtype)} for the destination and {type_name(values.dtype)} for the source."
         )
     tensors = [(d, i) for d, i in enumerate(indices) if i is not None]
     if (
@@ -654,6 +678,9 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
         write_jax(self, _mask_put(to_jax(self), to_jax(mask), value, d, accumulate))
         return self
     return _index_put_kernel(self, _prepare_indices(self, indices), values, accumulate, unsafe)
+
+
+index_put_impl_.jit_lowering = _index_put
 
 
 # ---- unique ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from jax import lax
 from torch_tpu import metrics
 from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype
-from torch_tpu.ops.indexing import index_bounds, sort_along
+from torch_tpu.ops.indexing import index_bounds, sort_along, type_name
 from torch_tpu.ops.registry import aten, lower
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -513,7 +513,7 @@ def _bincount(x, weights, length):
 @lower(aten.bincount.default, eager=True)
 def bincount(self, weights=None, minlength=0):
     if self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
-        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{str(self.dtype).split(".")[1].capitalize()}\'')
+        raise NotImplementedError(f"\"bincount_cpu\" not implemented for '{type_name(self.dtype)}'")
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
     if self.dim() != 1:
