@@ -639,6 +639,19 @@ def _meta_check(self, indices, values, accumulate) -> None:
     _meta_checked.add(key)
 
 
+def _is_mask_put(self: torch.Tensor, indices, values: torch.Tensor) -> bool:
+    """One bool mask on the device, matching self's dims where it sits, and a
+    one-element value that broadcasts to x[mask]'s shape."""
+    found = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(found) != 1 or values.numel() != 1:
+        return False
+    d, mask = found[0]
+    if mask.dtype != torch.bool or mask.device != self.device or d + mask.dim() > self.dim():
+        return False
+    result_dims = self.dim() - mask.dim() + 1
+    return tuple(mask.shape) == tuple(self.shape[d : d + mask.dim()]) and values.dim() <= result_dims
+
+
 def type_name(dtype: torch.dtype) -> str:
     """ATen's name of a dtype ("Float", "Long", ...), as its messages spell it."""
     return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
@@ -661,18 +674,10 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
             "Index put requires the source and destination dtypes match, got "
             f"{type_name(self.dtype)} for the destination and {type_name(values.dtype)} for the source."
         )
-    tensors = [(d, i) for d, i in enumerate(indices) if i is not None]
-    if (
-        len(tensors) == 1
-        and tensors[0][1].dtype == torch.bool
-        and tensors[0][1].device == self.device
-        and values.numel() == 1
-        and tensors[0][0] + tensors[0][1].dim() <= self.dim()
-        and tuple(tensors[0][1].shape) == tuple(self.shape[tensors[0][0] : tensors[0][0] + tensors[0][1].dim()])
-    ):
+    if _is_mask_put(self, indices, values):
         # x[mask] = scalar: a select, no host sync.
         _meta_check(self, indices, values, accumulate)
-        d, mask = tensors[0]
+        d, mask = next((d, i) for d, i in enumerate(indices) if i is not None)
         value = to_jax(values) if values.device.type == "tpu" else jnp.asarray(values.item())
         metrics.bump("executions")
         write_jax(self, _mask_put(to_jax(self), to_jax(mask), value, d, accumulate))
