@@ -67,7 +67,7 @@ def same(fn, *inputs, grad=False, **tol):
     assert not _fallbacks(), f"ops fell back to CPU: {_fallbacks()}"
     torch.testing.assert_close(_cpu(got), expected, equal_nan=True, **tol)
     if grad:
-        for c, t in zip(cpu_in, tpu_in):
+        for c, t in zip(cpu_in, tpu_in, strict=True):
             if isinstance(c, torch.Tensor) and c.requires_grad:
                 torch.testing.assert_close(t.grad.cpu(), c.grad, equal_nan=True, **tol)
     return got
@@ -325,10 +325,10 @@ def test_cpu_zero_dim_operands():
     i = make((3,), torch.int64)
     for scalar in (torch.tensor(2.5), torch.tensor(3), torch.tensor(2.5, dtype=torch.float64), torch.tensor(True)):
         for t in (x, i):
-            got = same(lambda t: t + scalar, t)  # the CPU scalar stays on CPU
+            got = same(lambda t, s=scalar: t + s, t)  # the CPU scalar stays on CPU
             assert got.dtype == (t + scalar).dtype
-            same(lambda t: torch.mul(scalar, t), t)
-            same(lambda t: torch.where(t > 0, t, scalar), t)
+            same(lambda t, s=scalar: torch.mul(s, t), t)
+            same(lambda t, s=scalar: torch.where(t > 0, t, s), t)
 
 
 def test_tpu_zero_dim_operands():

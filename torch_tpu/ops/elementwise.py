@@ -93,6 +93,8 @@ def cast(x, dtype: np.dtype):
     if x.dtype == np.bool_ and jnp.issubdtype(dtype, jnp.inexact):
         # Via uint8: XLA rewrites convert(pred) / y as select(pred, 1 / y, 0), losing 0 / 0 = nan.
         x = lax.convert_element_type(x, np.uint8)
+    elif dtype == np.uint8 and jnp.issubdtype(x.dtype, jnp.inexact):
+        x = lax.convert_element_type(x, np.int64)  # c10 casts floats to uint8 through int64 (wrapping)
     return lax.convert_element_type(x, dtype)
 
 

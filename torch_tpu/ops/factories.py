@@ -36,8 +36,37 @@ def _scalar_dtype(*values, dtype=None) -> np.dtype:
 # ---- fills ------------------------------------------------------------------
 
 
+_C_TYPE_NAMES = {
+    np.float16: "c10::Half", np.float32: "float", np.float64: "double", np.int8: "int8_t", np.int16: "int16_t",
+    np.int32: "int", np.int64: "int64_t", np.uint8: "uint8_t",
+}
+
+
+def _check_overflow(value, dtype: np.dtype) -> None:
+    """c10::checked_convert: a Scalar fill value must fit the dtype (negative ints may wrap to unsigned)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or dtype == np.bool_:
+        return
+    if jnp.issubdtype(dtype, jnp.floating):
+        info = jnp.finfo(dtype)
+        bad = math.isfinite(value) and not float(info.min) <= value <= float(info.max)
+    elif jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        if isinstance(value, float) and not math.isfinite(value):
+            bad = True
+        elif isinstance(value, int) and value < 0 and info.min == 0:
+            bad = -value > info.max
+        else:
+            bad = not info.min <= value <= info.max
+    else:
+        return
+    if bad:
+        name = _C_TYPE_NAMES.get(np.dtype(dtype).type, "c10::BFloat16")
+        raise RuntimeError(f"value cannot be converted to type {name} without overflow")
+
+
 @lower(aten.fill_.Scalar, aten.fill_.Tensor)
 def fill_(self, value):
+    _check_overflow(value, self.dtype)
     return _filled(self.shape, value, self.dtype)
 
 
@@ -48,7 +77,9 @@ def zero_(self):
 
 @lower(aten.full.default)
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return _filled(tuple(size), fill_value, _scalar_dtype(fill_value, dtype=dtype))
+    dtype = _scalar_dtype(fill_value, dtype=dtype)
+    _check_overflow(fill_value, dtype)
+    return _filled(tuple(size), fill_value, dtype)
 
 
 @lower(aten.zeros.default)
@@ -85,10 +116,13 @@ def _acc_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _arange_size(start, end, step, dtype: np.dtype) -> int:
+    """CPU's size: exact integer arithmetic (bounds truncated to integers) for int64, else doubles."""
     if dtype == np.int64:
-        xstart, xend, xstep = int(start), int(end), int(step)
-        sgn = (xstep > 0) - (xstep < 0)
-        return math.ceil((xend - xstart + xstep - sgn) / xstep)
+        start, end, step = int(start), int(end), int(step)
+        sgn = (step > 0) - (step < 0)
+        span = end - start + step - sgn
+        quotient = abs(span) // abs(step)  # C's truncating division
+        return quotient if (span >= 0) == (step > 0) else -quotient
     return math.ceil((float(end) - float(start)) / float(step))
 
 
@@ -118,14 +152,17 @@ def _linspace_values(start, end, steps: int, dtype: np.dtype) -> jnp.ndarray:
     """CPU's linspace: from start for the first half, from end for the second."""
     integral = jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_
     step_dtype = np.dtype(np.float64) if integral else (np.dtype(np.float32) if dtype.itemsize < 4 else dtype)
-    start = jnp.asarray(start).astype(dtype).astype(step_dtype)
-    end = jnp.asarray(end).astype(dtype).astype(step_dtype)
+    start = cast(cast(start, dtype), step_dtype)
+    end = cast(cast(end, dtype), step_dtype)
     if steps == 1:
         return jnp.broadcast_to(start, (1,)).astype(dtype)
-    step = (end - start) / (steps - 1)
+    # Reduced-precision floats round after every operation, as c10::Half/BFloat16 arithmetic does.
+    r = (lambda v: v.astype(dtype).astype(step_dtype)) if step_dtype != dtype and not integral else (lambda v: v)
+    step = r(r(end - start) / (steps - 1))
     idx = lax.iota(step_dtype, steps)
-    values = jnp.where(idx < steps // 2, start + step * idx, end - step * (steps - idx - 1))
-    return values.astype(dtype)
+    low = r(start + r(step * r(idx)))
+    high = r(end - r(step * r(steps - idx - 1)))
+    return jnp.where(idx < steps // 2, low, high).astype(dtype)
 
 
 @lower(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
@@ -135,11 +172,16 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
 
 @lower(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor)
 def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """CPU's logspace: bounds cast to the dtype, exponents and powers in double."""
     out = jax_dtype(dtype)
-    integral = jnp.issubdtype(out, jnp.integer) or out == np.bool_
-    exponents = _linspace_values(start, end, steps, np.dtype(np.float64) if integral else out)
-    compute = np.dtype(np.float32) if exponents.dtype.itemsize < 4 else exponents.dtype
-    return jnp.power(jnp.asarray(base, compute), exponents.astype(compute)).astype(out)
+    f64 = np.dtype(np.float64)
+    start, end = cast(cast(start, out), f64), cast(cast(end, out), f64)
+    if steps == 1:
+        return jnp.power(base, jnp.broadcast_to(start, (1,))).astype(out)
+    step = (end - start) / (steps - 1)
+    idx = lax.iota(f64, steps)
+    exponents = jnp.where(idx < steps // 2, start + step * idx, end - step * (steps - idx - 1))
+    return jnp.power(base, exponents).astype(out)
 
 
 # ---- casts and copies -------------------------------------------------------
@@ -154,7 +196,7 @@ def _cast(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     """The tpu -> tpu body of _to_copy (jit): a dtype conversion."""
     if dtype is None:
         return self
-    return lax.convert_element_type(self, to_numpy_dtype(dtype))
+    return cast(self, to_numpy_dtype(dtype))
 
 
 _cast_kernel = dispatcher.make_kernel(aten._to_copy.default, Lowering(_cast), derived=False)
