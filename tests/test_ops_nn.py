@@ -379,3 +379,83 @@ def test_cdist(p):
     x1, x2 = rand(2, 4, 3), rand(2, 5, 3)
     x2[0, 1] = x1[0, 2]  # a zero distance
     compare(lambda a, b: torch.cdist(a, b, p=p), x1, x2, rtol=1e-4, atol=1e-5, grad=p != 0.5)
+
+
+def test_unfold_fold():
+    compare(lambda x: F.unfold(x, (3, 2), dilation=(1, 2), padding=1, stride=(2, 1)), rand(2, 3, 6, 7))
+    compare(lambda c: F.fold(c, (5, 6), 3, padding=1, stride=2), rand(2, 2 * 9, 9))
+
+
+def test_adaptive_max_pool3d_and_unpool():
+    compare(lambda x: F.adaptive_max_pool3d(x, (2, 3, 2), return_indices=True), rand(1, 2, 5, 4, 3))
+    compare(lambda x: F.adaptive_max_pool1d(x, 3, return_indices=True), rand(2, 3, 8))
+
+    def pool_unpool(x):
+        out, idx = F.max_pool2d(x, 2, return_indices=True)
+        return F.max_unpool2d(out, idx, 2, output_size=x.shape[-2:])
+
+    compare(pool_unpool, rand(2, 3, 5, 6))
+
+    def pool_unpool3d(x):
+        out, idx = F.max_pool3d(x, 2, return_indices=True)
+        return F.max_unpool3d(out, idx, 2)
+
+    compare(pool_unpool3d, rand(1, 2, 4, 4, 4))
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_upsample_bicubic_and_nearest_exact(align_corners):
+    x = rand(2, 3, 4, 5)
+    compare(lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", align_corners=align_corners), x, rtol=1e-4,
+            atol=1e-5)
+    compare(lambda x: F.interpolate(x, size=(3, 7), mode="bicubic", align_corners=align_corners), x, rtol=1e-4,
+            atol=1e-5)
+    compare(lambda x: F.interpolate(x, scale_factor=1.7, mode="nearest-exact"), x)
+    compare(lambda x: F.interpolate(x, size=(3, 2), mode="nearest-exact"), x)
+    compare(lambda x: F.interpolate(x, size=7, mode="nearest-exact"), rand(2, 3, 5))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_margin_losses(reduction):
+    x, y = rand(4, 5), torch.tensor([1, 0, 4, 2])
+    w = torch.rand(5) + 0.5
+    for p in (1, 2):
+        compare(lambda x, p=p: F.multi_margin_loss(x, y.to(x.device), p=p, margin=0.7, reduction=reduction), x)
+    compare(lambda x: F.multi_margin_loss(x, y.to(x.device), weight=w.to(x.device), reduction=reduction), x)
+    target = torch.tensor([[3, 0, -1, 1, 2], [1, 2, 3, -1, 0], [4, 4, -1, 0, 0], [-1, 1, 2, 3, 4]])
+    compare(lambda x: F.multilabel_margin_loss(x, target.to(x.device), reduction=reduction), x)
+    compare(lambda x: F.multilabel_margin_loss(x, torch.tensor([2, 0, -1, 1], device=x.device),
+                                               reduction=reduction), rand(4))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag(mode):
+    w = rand(6, 3)
+    idx = torch.tensor([1, 2, 0, 3, 4, 2, 5])
+    offsets = torch.tensor([0, 2, 2, 5])
+
+    def on(v, ref):
+        return v.to(ref.device)
+
+    compare(lambda w: F.embedding_bag(on(idx, w), w, on(offsets, w), mode=mode), w)
+    compare(lambda w: F.embedding_bag(on(idx, w), w, on(offsets, w), mode=mode, padding_idx=2), w)
+    compare(lambda w: F.embedding_bag(on(idx[:6].reshape(2, 3), w), w, mode=mode), w)
+    compare(lambda w: F.embedding_bag(on(idx, w), w, on(torch.tensor([0, 3, 7]), w), mode=mode,
+                                      include_last_offset=True), w)
+    if mode == "sum":
+        psw = torch.rand(7)
+        compare(lambda w, psw: F.embedding_bag(on(idx, w), w, on(offsets, w), mode="sum", per_sample_weights=psw),
+                w, psw)
+
+        # CPU mis-scales rows next to repeated ones (row 3 here gets 1/2): check against the definition.
+        def scaled_grad(w):
+            w = w.detach().requires_grad_()
+            F.embedding_bag(on(idx, w), w, on(offsets, w), scale_grad_by_freq=True).backward(on(g, w))
+            return w.grad
+
+        g = torch.randn(4, 3)
+        counts = torch.bincount(idx, minlength=6).clamp(min=1).float()[:, None]
+        w_ref = w.detach().requires_grad_()
+        F.embedding_bag(idx, w_ref, offsets).backward(g)
+        got = native_only(lambda: scaled_grad(w.to("tpu")))
+        torch.testing.assert_close(got.cpu(), w_ref.grad / counts)

@@ -3,14 +3,18 @@ embedding backward, upsampling, grid sampling and cdist (forward and backward)."
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
+from torch_tpu import metrics
+from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.registry import aten, lower
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -321,29 +325,92 @@ def adaptive_avg_pool3d_backward(grad_output, self):
     return _linear_backward(lambda x: _adaptive_avg_pool(3, x, grad_output.shape[-3:]), grad_output, self)
 
 
-@lower(aten.adaptive_max_pool2d.default)
-def adaptive_max_pool2d(self, output_size):
-    nd = 2
+def _adaptive_max_pool(nd, self, output_size):
     sizes = self.shape[-nd:]
     outs = _ntuple(output_size, nd)
-    taps_idx = []
+    lead = self.ndim - nd
+    # Per dim: the (out, k) input positions of each window, padded by repeating its
+    # last position (a repeat never changes the max or the first index of it).
+    taps = []
     for size, out in zip(sizes, outs):
         start, end = _adaptive_bounds(size, out)
         k = int(np.max(end - start))
-        taps_idx.append(np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1))  # (out, k)
-    (hi, wi) = taps_idx
-    # (..., oh, kh, ow, kw) -> (..., kh*kw, oh, ow)
-    g = self[..., hi[:, :, None, None], wi[None, None, :, :]]
-    lead = self.ndim - nd
-    g = jnp.moveaxis(g, (lead + 1, lead + 3), (lead, lead + 1))
-    g = g.reshape(self.shape[:lead] + (-1,) + outs)
-    flat = (hi[:, :, None, None] * sizes[1] + wi[None, None, :, :]).transpose(1, 3, 0, 2).reshape(-1, *outs)
+        taps.append(np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1))
+    grids = []
+    for d, t in enumerate(taps):
+        shape = [1] * (2 * nd)
+        shape[2 * d : 2 * d + 2] = t.shape
+        grids.append(t.reshape(shape))
+    # (..., o1, k1, o2, k2, ...) -> (..., k1, k2, ..., o1, o2, ...)
+    g = self[(Ellipsis, *grids)]
+    order = [2 * d + 1 for d in range(nd)] + [2 * d for d in range(nd)]
+    g = jnp.transpose(g, list(range(lead)) + [lead + i for i in order]).reshape(self.shape[:lead] + (-1,) + outs)
+    flat = 0
+    for size, grid in zip(sizes, grids):
+        flat = flat * size + grid
+    flat = np.broadcast_to(flat, [x for t in taps for x in t.shape]).transpose(order).reshape(-1, *outs)
     return _max_select(g, np.ones(flat.shape, bool), flat, lead)
+
+
+@lower(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    return _adaptive_max_pool(2, self, output_size)
+
+
+@lower(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(self, output_size):
+    return _adaptive_max_pool(3, self, output_size)
 
 
 @lower(aten.adaptive_max_pool2d_backward.default)
 def adaptive_max_pool2d_backward(grad_output, self, indices):
     return _scatter_to_plane(grad_output, indices, self.shape, 2)
+
+
+@lower(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 3)
+
+
+def _max_unpool(self, indices, output_size):
+    nd = len(output_size)
+    lead = self.shape[: self.ndim - nd]
+    batch = math.prod(lead)
+    x = self.reshape(batch, -1)
+    idx = indices.reshape(batch, -1)
+    out = jnp.zeros((batch, math.prod(output_size)), self.dtype)
+    out = out.at[jnp.arange(batch)[:, None], idx].set(x, mode="drop")
+    return out.reshape(tuple(lead) + tuple(output_size))
+
+
+@lower(aten.max_unpool2d.default)
+def max_unpool2d(self, indices, output_size):
+    return _max_unpool(self, indices, tuple(output_size))
+
+
+@lower(aten.max_unpool3d.default)
+def max_unpool3d(self, indices, output_size, stride, padding):
+    return _max_unpool(self, indices, tuple(output_size))
+
+
+def _im2col(x, kernel_size, dilation, padding, stride):
+    kernel, stride, padding, dilation = _pool_params(2, kernel_size, stride, padding, dilation)
+    taps, _, _ = _windows(x, 2, kernel, stride, padding, dilation, False, 0)  # (N, C, K, oh, ow)
+    lead = x.shape[:-3]
+    return taps.reshape(lead + (x.shape[-3] * taps.shape[-3], -1))
+
+
+@lower(aten.im2col.default)
+def im2col(self, kernel_size, dilation, padding, stride):
+    return _im2col(self, kernel_size, dilation, padding, stride)
+
+
+@lower(aten.col2im.default)
+def col2im(self, output_size, kernel_size, dilation, padding, stride):
+    k = math.prod(_ntuple(kernel_size, 2))
+    shape = self.shape[:-2] + (self.shape[-2] // k,) + tuple(_ntuple(output_size, 2))
+    _, vjp = jax.vjp(lambda x: _im2col(x, kernel_size, dilation, padding, stride), jnp.zeros(shape, self.dtype))
+    return vjp(self)[0]
 
 
 # ---- softmax ----------------------------------------------------------------
@@ -512,6 +579,99 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
     if weight is not None:
         loss = loss * _up(weight)
     return _reduce(loss, reduction)
+
+
+def _multi_margin(x, target, p, margin, weight):
+    """Per-sample multi-class hinge loss; x is (N, C)."""
+    C = x.shape[-1]
+    t = target.astype(jnp.int32)
+    xy = jnp.take_along_axis(x, t[:, None], axis=1)
+    z = jnp.maximum(margin - xy + x, 0)
+    if p == 2:
+        z = z * z
+    if weight is not None:
+        z = z * _up(weight)[t][:, None]
+    z = jnp.where(jax.nn.one_hot(t, C, dtype=bool), 0, z)
+    return jnp.sum(z, axis=1) / C
+
+
+def _as_batch(self, target):
+    return (self[None], target.reshape(1)) if self.ndim <= 1 else (self, target)
+
+
+@lower(aten.multi_margin_loss.default)
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
+    x, t = _as_batch(_up(self), target)
+    loss = _multi_margin(x, t, p, margin, weight)
+    return _reduce(loss if self.ndim > 1 else loss[0], reduction)
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def _multi_margin_grad(grad_output, self, target, weight, p, margin, reduction):
+    def f(x):
+        return multi_margin_loss(x, target, p, margin, weight, reduction)
+
+    out, vjp = jax.vjp(f, _up(self))
+    return vjp(jnp.broadcast_to(_up(grad_output), out.shape))[0].astype(self.dtype)
+
+
+# PyTorch has no meta kernel for the margin losses' backward ops: they run eagerly.
+@lower(aten.multi_margin_loss_backward.default, eager=True)
+def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=_MEAN):
+    w = None if weight is None else to_jax(weight)
+    out = _multi_margin_grad(to_jax(grad_output), to_jax(self), to_jax(target), w, p, margin, reduction)
+    metrics.bump("executions")
+    return from_jax(out, self.device.index, self.dtype)
+
+
+def _multilabel_margin(x, target):
+    """Per-sample multi-label hinge loss and the is_target mask; x, target (N, C)."""
+    C = x.shape[-1]
+    valid = jnp.cumprod(target >= 0, axis=1).astype(bool)  # labels before the first -1
+    t = jnp.where(valid, target, 0).astype(jnp.int32)
+    is_target = jnp.any(jax.nn.one_hot(t, C, dtype=bool) & valid[..., None], axis=1)
+    xt = jnp.take_along_axis(x, t, axis=1)  # (N, K)
+    hinge = jnp.maximum(1 - xt[:, :, None] + x[:, None, :], 0)  # (N, K, C)
+    hinge = jnp.where(valid[:, :, None] & ~is_target[:, None, :], hinge, 0)
+    return jnp.sum(hinge, axis=(1, 2)) / C, is_target
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _multilabel_margin_forward(self, target, reduction):
+    x, t = (self[None], target[None]) if self.ndim == 1 else (self, target)
+    loss, is_target = _multilabel_margin(_up(x), t)
+    if self.ndim == 1:
+        loss, is_target = loss[0], is_target[0]
+    return _reduce(loss, reduction).astype(self.dtype), is_target.astype(self.dtype)
+
+
+# Eager: for a 1-D input and reduction="none" PyTorch's meta kernel says (1,), CPU gives ().
+@lower(aten.multilabel_margin_loss_forward.default, eager=True)
+def multilabel_margin_loss_forward(self, target, reduction):
+    aten.multilabel_margin_loss_forward.default(_meta_like(self), _meta_like(target), reduction)  # CPU's checks
+    metrics.bump("executions")
+    loss, is_target = _multilabel_margin_forward(to_jax(self), to_jax(target), reduction)
+    return from_jax(loss, self.device.index), from_jax(is_target, self.device.index)
+
+
+def _meta_like(t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _multilabel_margin_grad(grad_output, self, reduction, target):
+    def f(x):
+        return _multilabel_margin_forward(x, target, reduction)[0]
+
+    out, vjp = jax.vjp(f, _up(self))
+    return vjp(jnp.broadcast_to(_up(grad_output), out.shape))[0].astype(self.dtype)
+
+
+@lower(aten.multilabel_margin_loss_backward.default, eager=True)
+def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    out = _multilabel_margin_grad(to_jax(grad_output), to_jax(self), reduction, to_jax(target))
+    metrics.bump("executions")
+    return from_jax(out, self.device.index, self.dtype)
 
 
 # ---- normalization ----------------------------------------------------------
@@ -721,6 +881,86 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
 
 
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+def _bag_of(indices, offsets, include_last_offset):
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    starts = offsets[:bags]
+    bag = jnp.searchsorted(starts, jnp.arange(indices.shape[0], dtype=starts.dtype), side="right") - 1
+    return jnp.clip(bag, 0, max(bags - 1, 0)).astype(jnp.int64), bags
+
+
+def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
+    bag, bags = _bag_of(indices, offsets, include_last_offset)
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    rows = _up(weight)[indices]
+    # bag_size has one entry per offset, also with include_last_offset (the last is 0).
+    bag_size = jnp.zeros((offsets.shape[0],), jnp.int64).at[bag].add(valid.astype(jnp.int64))
+    max_indices = jnp.zeros((0,), jnp.int64)
+    if mode == _BAG_MAX:
+        masked = jnp.where(valid[:, None], rows, -jnp.inf)
+        top = jax.ops.segment_max(masked, bag, num_segments=bags)
+        first = jnp.where(valid[:, None] & (masked == top[bag]), jnp.arange(indices.shape[0])[:, None], indices.shape[0])
+        arg = jax.ops.segment_min(first, bag, num_segments=bags)
+        empty = (bag_size[:bags] == 0)[:, None]
+        max_indices = jnp.where(empty, 0, indices[jnp.clip(arg, 0, max(indices.shape[0] - 1, 0))])
+        return jnp.where(empty, 0, top), bag, bag_size, max_indices
+    if per_sample_weights is not None:
+        rows = rows * _up(per_sample_weights)[:, None]
+    out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, num_segments=bags)
+    if mode == _BAG_MEAN:
+        out = out / jnp.maximum(bag_size[:bags], 1)[:, None].astype(out.dtype)
+    return out, bag, bag_size, max_indices
+
+
+@lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG_SUM, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
+
+
+def _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+                        per_sample_weights, padding_idx):
+    g = _up(grad)
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    if mode == _BAG_MAX:
+        dims = jnp.arange(g.shape[1])[None, :]
+        keep = (bag_size[: g.shape[0]] > 0)[:, None] & ((maximum_indices != padding_idx) if padding_idx >= 0 else True)
+        return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[maximum_indices, dims].add(jnp.where(keep, g, 0))
+    rows = g[offset2bag]
+    if mode == _BAG_MEAN:
+        rows = rows / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(rows.dtype)
+    elif per_sample_weights is not None:
+        rows = rows * _up(per_sample_weights)[:, None]
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), rows.dtype).at[indices].add(1)
+        rows = rows / counts[indices][:, None]
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[indices].add(jnp.where(valid[:, None], rows, 0))
+
+
+@lower(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if sparse:
+        raise NotImplementedError("torch_tpu: sparse embedding_bag gradients are not supported on the tpu")
+    return _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                               scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lower(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    return _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                               scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lower(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    dots = jnp.sum(_up(grad)[offset2bag] * _up(weight)[indices], axis=1)
+    return jnp.where(indices != padding_idx, dots, 0) if padding_idx >= 0 else dots
+
+
 # ---- upsampling -------------------------------------------------------------
 
 
@@ -735,11 +975,19 @@ def _nearest_index(out_size: int, in_size: int, scale) -> np.ndarray:
     return np.minimum(np.floor(i.astype(np.float32) * s).astype(np.int64), in_size - 1)
 
 
-def _upsample_nearest(x, output_size, scales):
+def _nearest_exact_index(out_size: int, in_size: int, scale) -> np.ndarray:
+    """at::native::nearest_exact_idx, in float32 as on CPU."""
+    s = np.float32(1.0 / scale) if scale is not None and scale > 0 else np.float32(in_size) / np.float32(out_size)
+    src = np.floor((np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * s).astype(np.int64)
+    return np.minimum(src, in_size - 1)
+
+
+def _upsample_nearest(x, output_size, scales, exact=False):
     nd = len(output_size)
+    index = _nearest_exact_index if exact else _nearest_index
     for d, (out, scale) in enumerate(zip(output_size, scales)):
         axis = x.ndim - nd + d
-        x = jnp.take(x, _nearest_index(out, x.shape[axis], scale), axis=axis)
+        x = jnp.take(x, index(out, x.shape[axis], scale), axis=axis)
     return x
 
 
@@ -769,6 +1017,98 @@ def _upsample_linear(x, output_size, align_corners, scales):
         l0, l1 = jnp.asarray(l0.reshape(shape), x.dtype), jnp.asarray(l1.reshape(shape), x.dtype)
         x = jnp.take(x, i0, axis=axis) * l0 + jnp.take(x, i1, axis=axis) * l1
     return x
+
+
+def _cubic_taps(out_size: int, in_size: int, align_corners: bool, scale, dtype):
+    """Source indices (out, 4) and cubic weights of bicubic upsampling along one dim (CPU's
+    compute_indices_weights_cubic)."""
+    dtype = np.float64 if dtype == np.float64 else np.float32
+    i = np.arange(out_size, dtype=dtype)
+    if align_corners:
+        s = dtype(in_size - 1) / dtype(out_size - 1) if out_size > 1 else dtype(0)
+        src = s * i
+    else:
+        s = dtype(1.0 / scale) if scale is not None and scale > 0 else dtype(in_size) / dtype(out_size)
+        src = s * (i + dtype(0.5)) - dtype(0.5)
+    base = np.minimum(np.floor(src), in_size - 1).astype(np.int64)
+    t = np.clip(src - base, 0, 1).astype(dtype)
+    a = dtype(-0.75)
+
+    def near(x):
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=1).astype(dtype)
+    index = np.clip(base[:, None] + np.arange(-1, 3)[None, :], 0, in_size - 1)
+    return index, weights
+
+
+def _upsample_cubic(x, output_size, align_corners, scales):
+    nd = len(output_size)
+    for d, (out, scale) in enumerate(zip(output_size, scales)):
+        axis = x.ndim - nd + d
+        index, weights = _cubic_taps(out, x.shape[axis], align_corners, scale, x.dtype)
+        shape = [1] * x.ndim
+        shape[axis] = out
+        total = 0
+        for j in range(4):
+            total = total + jnp.take(x, index[:, j], axis=axis) * jnp.asarray(weights[:, j].reshape(shape), x.dtype)
+        x = total
+    return x
+
+
+@lower(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_cubic(_up(self), tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_backward(
+        lambda x: _upsample_cubic(x, tuple(output_size), align_corners, (scales_h, scales_w)), grad_output, input_size
+    )
+
+
+@lower(aten._upsample_nearest_exact1d.default)
+def upsample_nearest_exact1d(self, output_size, scales=None):
+    return _upsample_nearest(self, tuple(output_size), (scales,), exact=True)
+
+
+@lower(aten._upsample_nearest_exact2d.default)
+def upsample_nearest_exact2d(self, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, tuple(output_size), (scales_h, scales_w), exact=True)
+
+
+@lower(aten._upsample_nearest_exact3d.default)
+def upsample_nearest_exact3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, tuple(output_size), (scales_d, scales_h, scales_w), exact=True)
+
+
+@lower(aten._upsample_nearest_exact1d_backward.default)
+def upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scales=None):
+    return _upsample_backward(
+        lambda x: _upsample_nearest(x, tuple(output_size), (scales,), exact=True), grad_output, input_size
+    )
+
+
+@lower(aten._upsample_nearest_exact2d_backward.default)
+def upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+    return _upsample_backward(
+        lambda x: _upsample_nearest(x, tuple(output_size), (scales_h, scales_w), exact=True), grad_output, input_size
+    )
+
+
+@lower(aten._upsample_nearest_exact3d_backward.default)
+def upsample_nearest_exact3d_backward(
+    grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None
+):
+    return _upsample_backward(
+        lambda x: _upsample_nearest(x, tuple(output_size), (scales_d, scales_h, scales_w), exact=True),
+        grad_output,
+        input_size,
+    )
 
 
 @lower(aten.upsample_nearest1d.default)
