@@ -459,3 +459,26 @@ def test_embedding_bag(mode):
         F.embedding_bag(idx, w_ref, offsets).backward(g)
         got = native_only(lambda: scaled_grad(w.to("tpu")))
         torch.testing.assert_close(got.cpu(), w_ref.grad / counts)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["max_pool", "avg_pool", "adaptive_avg", "batch_norm", "group_norm", "cross_entropy", "mse", "bilinear",
+     "conv_transpose", "embedding"],
+)
+def test_bfloat16(name):
+    x = rand(2, 4, 6, 6, dtype=torch.bfloat16)
+    fns = {
+        "max_pool": lambda x: F.max_pool2d(x, 3, 2, 1),
+        "avg_pool": lambda x: F.avg_pool2d(x, 2, ceil_mode=True),
+        "adaptive_avg": lambda x: F.adaptive_avg_pool2d(x, (4, 3)),
+        "batch_norm": lambda x: F.batch_norm(x, None, None, training=True),
+        "group_norm": lambda x: F.group_norm(x, 2),
+        "cross_entropy": lambda x: F.cross_entropy(x, torch.randint(0, 4, (2, 6, 6), generator=torch.Generator()
+                                                                    .manual_seed(0)).to(x.device)),
+        "mse": lambda x: F.mse_loss(x, torch.ones_like(x)),
+        "bilinear": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+        "conv_transpose": lambda x: F.conv_transpose2d(x, torch.ones(4, 2, 3, 3, dtype=x.dtype, device=x.device)),
+        "embedding": lambda x: F.embedding(torch.tensor([[0, 2], [1, 0]], device=x.device), x.reshape(-1, 6)[:3]),
+    }
+    compare(fns[name], x, rtol=2e-2, atol=5e-2)
