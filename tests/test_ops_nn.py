@@ -482,3 +482,21 @@ def test_bfloat16(name):
         "embedding": lambda x: F.embedding(torch.tensor([[0, 2], [1, 0]], device=x.device), x.reshape(-1, 6)[:3]),
     }
     compare(fns[name], x, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize(
+    "targets,target_lengths,input_lengths,reduction,zero_infinity",
+    [
+        ([[1, 2, 2], [3, 1, 1], [4, 0, 0]], [2, 3, 1], [7, 5, 6], "none", False),
+        ([1, 2, 3, 1, 1, 4], [2, 3, 1], [7, 5, 6], "mean", False),  # concatenated targets
+        ([[1, 1, 1], [2, 2, 2], [3, 3, 3]], [3, 3, 0], [7, 3, 4], "sum", True),  # an impossible alignment, empty target
+    ],
+)
+def test_ctc_loss(targets, target_lengths, input_lengths, reduction, zero_infinity):
+    targets = torch.tensor(targets)
+
+    def loss(x):
+        return F.ctc_loss(x.log_softmax(2), targets.to(x.device), torch.tensor(input_lengths),
+                          torch.tensor(target_lengths), reduction=reduction, zero_infinity=zero_infinity)
+
+    compare(loss, rand(7, 3, 5))

@@ -674,6 +674,114 @@ def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_tar
     return from_jax(out, self.device.index, self.dtype)
 
 
+def _lse(*xs):
+    """CPU CTC's log-sum-exp: exact -inf when every term is -inf."""
+    m = xs[0]
+    for x in xs[1:]:
+        m = jnp.maximum(m, x)
+    m = jnp.where(jnp.isneginf(m), 0, m)
+    return jnp.log(sum(jnp.exp(x - m) for x in xs)) + m
+
+
+def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
+    """Extended labels (N, 2S+1) (blank, l1, blank, l2, ...), their masks and the lengths."""
+    il = jnp.asarray(input_lengths, jnp.int32)
+    tl = jnp.asarray(target_lengths, jnp.int32)
+    S = max(int(max(target_lengths, default=0)), 0)
+    s = jnp.arange(2 * S + 1)
+    k = jnp.clip((s - 1) // 2, 0, max(S - 1, 0))
+    if targets.ndim == 1:
+        starts = jnp.cumsum(tl) - tl
+        flat = jnp.clip(starts[:, None] + k[None, :], 0, max(targets.shape[0] - 1, 0))
+        labels = targets[flat] if targets.shape[0] else jnp.zeros(flat.shape, targets.dtype)
+    else:
+        labels = targets[:, k] if targets.shape[1] else jnp.zeros((targets.shape[0], k.shape[0]), targets.dtype)
+    ext = jnp.where(s[None, :] % 2 == 1, labels, blank).astype(jnp.int32)
+    in_range = s[None, :] <= 2 * tl[:, None]
+    # s-2 -> s skips a blank only between different labels.
+    skip = (s[None, :] >= 2) & (ext != jnp.roll(ext, 2, axis=1))
+    return ext, in_range, skip, il, tl
+
+
+def _ctc_alpha(log_probs, ext, in_range, skip, il):
+    lp = jnp.moveaxis(_up(log_probs), 0, 1)  # (N, T, C)
+    lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[:, None, :], lp.shape[:2] + ext.shape[1:]), axis=2)
+    ninf = jnp.full(ext.shape, -jnp.inf, lpe.dtype)
+    first = jnp.where(jnp.arange(ext.shape[1])[None, :] < 2, lpe[:, 0], -jnp.inf)
+    first = jnp.where(in_range, first, -jnp.inf)
+
+    def step(prev, xs):
+        lpe_t, t = xs
+        a1 = prev
+        a2 = jnp.concatenate([ninf[:, :1], prev[:, :-1]], axis=1)
+        a3 = jnp.where(skip, jnp.concatenate([ninf[:, :2], prev[:, :-2]], axis=1), -jnp.inf)
+        cur = jnp.where(in_range & (t < il)[:, None], _lse(a1, a2, a3) + lpe_t, -jnp.inf)
+        return cur, cur
+
+    ts = jnp.arange(1, lp.shape[1])
+    _, rest = lax.scan(step, first, (jnp.moveaxis(lpe[:, 1:], 1, 0), ts))
+    return jnp.concatenate([first[:, None], jnp.moveaxis(rest, 0, 1)], axis=1), lpe  # (N, T, 2S+1)
+
+
+@lower(aten._ctc_loss.default)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    ext, in_range, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    alpha, _ = _ctc_alpha(log_probs, ext, in_range, skip, il)
+    last = jnp.take_along_axis(alpha, jnp.clip(il - 1, 0)[:, None, None], axis=1)[:, 0]  # (N, 2S+1)
+    end = jnp.take_along_axis(last, (2 * tl)[:, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(last, jnp.clip(2 * tl - 1, 0)[:, None], axis=1)[:, 0]
+    nll = -jnp.where(tl > 0, _lse(end, jnp.where(tl > 0, before, -jnp.inf)), end)
+    return nll, alpha
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6, 7))
+def _ctc_grad(grad, log_probs, targets, neg_log_likelihood, log_alpha, lengths, blank, zero_infinity):
+    input_lengths, target_lengths = lengths
+    ext, in_range, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    lp = jnp.moveaxis(_up(log_probs), 0, 1)  # (N, T, C)
+    lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[:, None, :], lp.shape[:2] + ext.shape[1:]), axis=2)
+    n, T, width = lpe.shape
+    s = jnp.arange(width)[None, :]
+    start = (s == 2 * tl[:, None]) | ((s == 2 * tl[:, None] - 1) & (tl[:, None] > 0))
+    skip_next = jnp.concatenate([skip[:, 2:], jnp.zeros((n, 2), bool)], axis=1)  # s -> s+2 allowed
+    ninf = jnp.full((n, width), -jnp.inf, lpe.dtype)
+
+    def step(nxt, xs):
+        lpe_t, t = xs
+        b1 = nxt
+        b2 = jnp.concatenate([nxt[:, 1:], ninf[:, :1]], axis=1)
+        b3 = jnp.where(skip_next, jnp.concatenate([nxt[:, 2:], ninf[:, :2]], axis=1), -jnp.inf)
+        rec = jnp.where(in_range, _lse(b1, b2, b3) + lpe_t, -jnp.inf)
+        init = jnp.where(start, lpe_t, -jnp.inf)
+        cur = jnp.where((t == il - 1)[:, None], init, jnp.where((t < il - 1)[:, None], rec, -jnp.inf))
+        return cur, cur
+
+    _, beta = lax.scan(step, ninf, (jnp.moveaxis(lpe, 1, 0), jnp.arange(T)), reverse=True)
+    ab = _up(log_alpha)[:, :, :width] + jnp.moveaxis(beta, 0, 1)  # (N, T, 2S+1)
+    m = jnp.max(ab, axis=2, keepdims=True)
+    m = jnp.where(jnp.isneginf(m), 0, m)
+    onehot = jax.nn.one_hot(ext, lp.shape[2], dtype=ab.dtype)  # (N, 2S+1, C)
+    total = jnp.einsum("nts,nsc->ntc", jnp.exp(ab - m), onehot, precision=_HIGHEST)
+    lcab = jnp.log(total) + m
+    nll = _up(neg_log_likelihood)[:, None, None]
+    res = (jnp.exp(lp) - jnp.exp(lcab + nll - lp)) * _up(grad)[:, None, None]
+    res = jnp.where((jnp.arange(T)[None, :] < il[:, None])[..., None], res, 0)
+    if zero_infinity:
+        res = jnp.where(jnp.isinf(nll), 0, res)
+    return jnp.moveaxis(res, 1, 0).astype(log_probs.dtype)
+
+
+# Eager: PyTorch has no meta kernel for _ctc_loss_backward.
+@lower(aten._ctc_loss_backward.default, eager=True)
+def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank,
+                      zero_infinity=False):
+    lengths = (tuple(input_lengths), tuple(target_lengths))
+    out = _ctc_grad(to_jax(grad), to_jax(log_probs), to_jax(targets), to_jax(neg_log_likelihood), to_jax(log_alpha),
+                    lengths, blank, zero_infinity)
+    metrics.bump("executions")
+    return from_jax(out, log_probs.device.index, log_probs.dtype)
+
+
 # ---- normalization ----------------------------------------------------------
 
 
