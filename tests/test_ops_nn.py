@@ -500,3 +500,15 @@ def test_ctc_loss(targets, target_lengths, input_lengths, reduction, zero_infini
                           torch.tensor(target_lengths), reduction=reduction, zero_infinity=zero_infinity)
 
     compare(loss, rand(7, 3, 5))
+
+
+def test_fractional_max_pool2d():
+    samples = torch.rand(2, 3, 2)
+
+    def pool(x, kernel, out):
+        return F.fractional_max_pool2d(x, kernel, output_size=out, return_indices=True,
+                                       _random_samples=samples.to(x.device)[: x.shape[0] if x.ndim == 4 else 1])
+
+    compare(lambda x: pool(x, 2, (4, 5)), rand(2, 3, 7, 8))
+    compare(lambda x: pool(x, (3, 2), (3, 1)), rand(2, 3, 7, 8))
+    compare(lambda x: pool(x, 2, 3), rand(3, 6, 6))

@@ -413,6 +413,39 @@ def col2im(self, output_size, kernel_size, dilation, padding, stride):
     return vjp(self)[0]
 
 
+def _fractional_starts(sample, size: int, out: int, k: int):
+    """CPU's generate_intervals: window starts (..., out) from a sample in [0, 1)."""
+    if out == 1:
+        return jnp.full(sample.shape + (1,), size - k, jnp.int32)
+    alpha = (size - k) / (out - 1)
+    i = jnp.arange(out - 1, dtype=sample.dtype)
+    starts = ((i + sample[..., None]) * alpha).astype(jnp.int32) - (sample * alpha).astype(jnp.int32)[..., None]
+    return jnp.concatenate([starts, jnp.full(sample.shape + (1,), size - k, jnp.int32)], axis=-1)
+
+
+@lower(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    x = self if self.ndim == 4 else self[None]
+    (kh, kw), (oh, ow) = _ntuple(kernel_size, 2), _ntuple(output_size, 2)
+    H, W = x.shape[-2:]
+    samples = random_samples.reshape(x.shape[0], x.shape[1], 2)
+    hidx = (_fractional_starts(samples[..., 1], H, oh, kh)[..., None] + jnp.arange(kh)).reshape(*x.shape[:2], -1)
+    widx = (_fractional_starts(samples[..., 0], W, ow, kw)[..., None] + jnp.arange(kw)).reshape(*x.shape[:2], -1)
+    rows = jnp.take_along_axis(x, hidx[..., None], axis=2)  # (N, C, oh*kh, W)
+    taps = jnp.take_along_axis(rows, widx[:, :, None, :], axis=3).reshape(*x.shape[:2], oh, kh, ow, kw)
+    flat = (hidx[..., None] * W + widx[:, :, None, :]).reshape(taps.shape)
+    order = (0, 1, 3, 5, 2, 4)  # -> (N, C, kh, kw, oh, ow)
+    taps = jnp.transpose(taps, order).reshape(*x.shape[:2], -1, oh, ow)
+    flat = jnp.transpose(flat, order).reshape(taps.shape)
+    out, idx = _max_select(taps, np.ones(taps.shape[-3:], bool), flat, 2)
+    return (out, idx) if self.ndim == 4 else (out[0], idx[0])
+
+
+@lower(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 2)
+
+
 # ---- softmax ----------------------------------------------------------------
 
 
