@@ -512,3 +512,16 @@ def test_fractional_max_pool2d():
     compare(lambda x: pool(x, 2, (4, 5)), rand(2, 3, 7, 8))
     compare(lambda x: pool(x, (3, 2), (3, 1)), rand(2, 3, 7, 8))
     compare(lambda x: pool(x, 2, 3), rand(3, 6, 6))
+
+
+def test_batch_norm_functional_form():
+    x, w, b = rand(4, 3, 5), rand(3), rand(3)
+    rm, rv = rand(3), torch.rand(3) + 0.5
+    op = torch.ops.aten._native_batch_norm_legit_functional.default
+    for training in (True, False):
+        expected = op(x, w, b, rm, rv, training, 0.1, 1e-5)
+        got = native_only(lambda t=training: op(*(v.to("tpu") for v in (x, w, b, rm, rv)), t, 0.1, 1e-5))
+        for g, e in zip(got[:1] + got[3:], expected[:1] + expected[3:]):
+            torch.testing.assert_close(g.cpu(), e)
+        if training:
+            torch.testing.assert_close(got[1].cpu(), expected[1])

@@ -904,6 +904,12 @@ def native_batch_norm_legit(input, weight, bias, running_mean, running_var, trai
     return out, mean, invstd, new_mean, new_var
 
 
+@lower(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """The functional form (torch.compile graphs): new running stats as outputs."""
+    return native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
 @lower(aten._native_batch_norm_legit.no_stats)
 def native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
     out, mean, invstd, _ = _bn_train(input, weight, bias, eps)
