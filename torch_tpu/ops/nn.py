@@ -63,7 +63,7 @@ def _sum_to(x, shape):
 def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
     nd = input.ndim - 2
     stride, padding, dilation = _ntuple(stride, nd), _ntuple(padding, nd), _ntuple(dilation, nd)
-    spatial = "DHW"[3 - nd :] if nd <= 3 else None
+    spatial = "DHW"[3 - nd :]
     dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
     out_dtype = input.dtype
     preferred = jnp.float32 if _compute_dtype(out_dtype) != out_dtype else None
