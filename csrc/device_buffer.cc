@@ -46,14 +46,18 @@ PyObject* DeviceBuffer::array() const {
   return result;
 }
 
-void DeviceBuffer::set_array(PyObject* array) {
+void DeviceBuffer::set_array(PyObject* array, c10::ScalarType dtype, int64_t numel) {
   PyObject* old = array_;
   if (array == Py_None) {
     array_ = nullptr;
+    dtype = c10::ScalarType::Undefined;
+    numel = -1;
   } else {
     Py_INCREF(array);
     array_ = array;
   }
+  array_dtype_ = dtype;
+  array_numel_ = numel;
   Py_XDECREF(old);
 }
 
@@ -80,7 +84,9 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
   if (old_ptr.get_deleter() == &delete_buffer) {
     PyGILState_STATE state = PyGILState_Ensure();
     PyObject* array = buffer_of(storage).array();
-    static_cast<DeviceBuffer*>(new_ptr.get_context())->set_array(array);
+    // The array keeps its old length; reads pad it to the new size.
+    static_cast<DeviceBuffer*>(new_ptr.get_context())
+        ->set_array(array, buffer_of(storage).array_dtype(), buffer_of(storage).array_numel());
     Py_DECREF(array);
     PyGILState_Release(state);
   }

@@ -3,6 +3,7 @@
 
 #include <Python.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/ScalarType.h>
 #include <c10/core/Storage.h>
 
 #include <cstddef>
@@ -26,14 +27,20 @@ class DeviceBuffer {
 
   // New reference, or Py_None. Caller holds the GIL.
   PyObject* array() const;
-  // Steals nothing: increments `array`. Caller holds the GIL.
-  void set_array(PyObject* array);
+  // Increments `array`. `dtype`/`numel` describe it when the caller knows them
+  // (Undefined/-1 otherwise); they let the dispatcher take its fast path.
+  // Caller holds the GIL.
+  void set_array(PyObject* array, c10::ScalarType dtype = c10::ScalarType::Undefined, int64_t numel = -1);
+  c10::ScalarType array_dtype() const { return array_dtype_; }
+  int64_t array_numel() const { return array_numel_; }
 
  private:
   int device_;
   size_t nbytes_;
   uintptr_t address_;
   PyObject* array_ = nullptr;
+  c10::ScalarType array_dtype_ = c10::ScalarType::Undefined;
+  int64_t array_numel_ = -1;
 };
 
 // The allocator registered for the PrivateUse1 device type.

@@ -1,6 +1,7 @@
 // torch_tpu._C: the Python face of the device surface.
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -31,8 +32,34 @@ py::object get_buffer(const py::handle& obj) {
   return py::reinterpret_steal<py::object>(buffer_of(storage_arg(obj)).array());
 }
 
-void set_buffer(const py::handle& obj, const py::handle& array) {
-  buffer_of(storage_arg(obj)).set_array(array.ptr());
+void set_buffer(const py::handle& obj, const py::handle& array, std::optional<at::ScalarType> dtype,
+                std::optional<int64_t> numel) {
+  buffer_of(storage_arg(obj)).set_array(array.ptr(), dtype.value_or(at::ScalarType::Undefined), numel.value_or(-1));
+}
+
+// The dispatcher's per-argument fast path, one call per tensor argument:
+// None for a non-tpu tensor, else (device index, buffer or None, key). The key
+// is (sizes, dtype) when the tensor is its whole buffer in row-major order,
+// and None when the dispatcher must work out the full geometry.
+py::object arg_info(const py::handle& obj) {
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  if (t.device().type() != c10::DeviceType::PrivateUse1) {
+    return py::none();
+  }
+  const DeviceBuffer& buffer = buffer_of(t.storage());
+  py::object array = py::reinterpret_steal<py::object>(buffer.array());
+  py::object key = py::none();
+  if (!array.is_none() && t.storage_offset() == 0 && buffer.array_dtype() == t.scalar_type() &&
+      buffer.array_numel() == t.numel() && t.is_contiguous()) {
+    const auto sizes = t.sizes();
+    py::tuple shape(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      shape[i] = py::int_(sizes[i]);
+    }
+    key = py::make_tuple(shape, py::reinterpret_borrow<py::object>(
+                                    reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()))));
+  }
+  return py::make_tuple(static_cast<int>(t.device().index()), array, key);
 }
 
 // A new contiguous tpu tensor whose storage holds `array` (flat, numel long).
@@ -44,7 +71,7 @@ at::Tensor wrap(const py::handle& array, std::vector<int64_t> sizes, at::ScalarT
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate_buffer(device, nbytes), tpu_allocator(),
                        /*resizable=*/true);
-  static_cast<DeviceBuffer*>(storage.data_ptr().get_context())->set_array(array.ptr());
+  static_cast<DeviceBuffer*>(storage.data_ptr().get_context())->set_array(array.ptr(), dtype, numel);
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
                                                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                          c10::scalarTypeToTypeMeta(dtype));
@@ -105,7 +132,9 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("_get_buffer", &get_buffer, py::arg("storage"));
-  m.def("_set_buffer", &set_buffer, py::arg("storage"), py::arg("array"));
+  m.def("_set_buffer", &set_buffer, py::arg("storage"), py::arg("array"), py::arg("dtype") = py::none(),
+        py::arg("numel") = py::none());
+  m.def("_arg_info", &arg_info, py::arg("tensor"));
   m.def("_wrap", &wrap, py::arg("array"), py::arg("sizes"), py::arg("dtype"), py::arg("device"));
 
   m.def("_memory_stats", &memory_stats, py::arg("device"));
