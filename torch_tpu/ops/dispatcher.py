@@ -73,8 +73,9 @@ def buffer_of(t: torch.Tensor) -> jax.Array:
     if buf is None:
         storage = t.untyped_storage()
         itemsize = t.element_size()
-        buf = _zeros(storage.nbytes() // itemsize, TORCH_TO_NUMPY[t.dtype], t.device.index)
-        _C._set_buffer(storage, buf)
+        n = storage.nbytes() // itemsize
+        buf = _zeros(n, TORCH_TO_NUMPY[t.dtype], t.device.index)
+        _C._set_buffer(storage, buf, t.dtype, n)
     return buf
 
 
@@ -109,8 +110,9 @@ class _Call:
             self.tensors.append(None)
             return ("number", type(x.value))
         if isinstance(x, torch.Tensor):
-            if x.device.type == "tpu":
-                index = x.device.index
+            info = _C._arg_info(x)
+            if info is not None:
+                index, buf, key = info
                 if self.device is None:
                     self.device = index
                 elif index != self.device:
@@ -118,10 +120,12 @@ class _Call:
                         "Expected all tensors to be on the same device, but found at least two "
                         f"devices, tpu:{self.device} and tpu:{index}!"
                     )
-                buf = buffer_of(x)
+                if buf is None:
+                    buf = buffer_of(x)
                 self.inputs.append(buf)
                 self.tensors.append(x)
-                return tensor_geometry(x, buf)
+                # (sizes, dtype) for a tensor that is its whole buffer, else the full geometry.
+                return key if key is not None else tensor_geometry(x, buf)
             if x.dim() == 0 and x.device.type == "cpu":
                 self.inputs.append(x.item())
                 self.tensors.append(x)
@@ -218,6 +222,9 @@ class _OpPlan:
                 fresh += 1
         self.num_fresh = fresh
         self.tensor_args = tuple(i for i, a in enumerate(schema.arguments) if str(a.type) in ("Tensor", "Optional[Tensor]"))
+        self._defaults = [
+            (a.name, _schema_default(a) if a.has_default_value() else None) for a in schema.arguments
+        ]
         self.generator_index = next(
             (i for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)), None
         )
@@ -226,8 +233,8 @@ class _OpPlan:
         """All arguments in schema order; omitted ones take their schema defaults
         (torch drops trailing arguments equal to their defaults before calling us)."""
         bound = list(args)
-        for a in self.op._schema.arguments[len(args):]:
-            bound.append(kwargs[a.name] if a.name in kwargs else (_schema_default(a) if a.has_default_value() else None))
+        for name, default in self._defaults[len(args):]:
+            bound.append(kwargs.get(name, default))
         return bound
 
 
@@ -246,13 +253,14 @@ def _schema_default(arg):
 
 
 class _Entry:
-    __slots__ = ("run", "fresh_meta", "mutable_shapes", "out_tree")
+    __slots__ = ("run", "fresh_meta", "mutable_shapes", "mutable_specs", "out_tree")
 
     def __init__(self, run, fresh_meta, mutable_shapes):
         self.run = run
         self.fresh_meta = fresh_meta
         self.mutable_shapes = mutable_shapes  # meta shapes of mutable args after the op
         self.out_tree = None
+        self.mutable_specs = None  # (dtype, length) of each new mutable-arg buffer, set when traced
 
 
 def _flatten_values(values) -> list:
@@ -344,6 +352,9 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
             buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, jnp.broadcast_to(value, slot.geom.sizes))
             latest[group] = buf
             new_buffers.append(buf)
+        entry.mutable_specs = [
+            None if b is None else (_NUMPY_TO_TORCH[np.dtype(b.dtype)], b.shape[0]) for b in new_buffers
+        ]
         flat_out, entry.out_tree = jax.tree_util.tree_flatten((fresh_out, new_buffers))
         return flat_out
 
@@ -394,10 +405,11 @@ def _raise_cpu_error(plan: _OpPlan, lowering: Lowering, template: list, meta_err
     slots: list = []
     _substitute(template, lambda s: slots.append(s) or s)
     small = all(isinstance(s, _ScalarSlot) or s.geom.numel <= 1 << 16 for s in slots)
-    if small and not lowering.random:
+    if small:
         args = [on_cpu(_substitute(v, stand_in)) for v in template]
         try:
-            _call_schema(plan.op, plan, args)
+            with torch.random.fork_rng(devices=[]):  # a random op must not move CPU's generator
+                _call_schema(plan.op, plan, args)
         except Exception as cpu_error:
             raise cpu_error from None
     raise meta_error
@@ -454,9 +466,9 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         metrics.bump("executions")
         fresh_values, new_buffers = jax.tree_util.tree_unflatten(entry.out_tree, flat)
         fresh = [_wrap_tree(v, m, device) for v, m in zip(fresh_values, entry.fresh_meta)]
-        for t, buf in zip(_mutable_tensors(plan, bound), new_buffers):
+        for t, buf, spec in zip(_mutable_tensors(plan, bound), new_buffers, entry.mutable_specs):
             if t is not None and buf is not None:
-                _C._set_buffer(t, buf)
+                _C._set_buffer(t, buf, *spec)
         results = []
         for kind, i in plan.returns:
             results.append(fresh[i] if kind == "fresh" else bound[i])
@@ -529,7 +541,7 @@ def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     buf = buffer_of(t)
     g = tensor_geometry(t, buf)
     if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:
-        _C._set_buffer(t, value.reshape(-1))
+        _C._set_buffer(t, value.reshape(-1), t.dtype, g.numel)
         return
     key = ("write", g, value.shape, value.dtype)
     fn = _read_jit_cache.get(key)
@@ -538,4 +550,5 @@ def write_jax(t: torch.Tensor, value: jax.Array) -> None:
             lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes))
         )
     metrics.bump("executions")
-    _C._set_buffer(t, fn(buf, value))
+    new = fn(buf, value)
+    _C._set_buffer(t, new, t.dtype, new.shape[0])
