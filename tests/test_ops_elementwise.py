@@ -4,6 +4,8 @@ non-contiguous inputs, in-place and out= variants, errors and gradients."""
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -74,7 +76,7 @@ def same(fn, *inputs, grad=False, **tol):
 
 
 def make(shape, dtype, low=-3.0, high=3.0, nonzero=False):
-    g = torch.Generator().manual_seed(hash((tuple(shape), str(dtype), low, high)) % 2**31)
+    g = torch.Generator().manual_seed(zlib.crc32(repr((tuple(shape), dtype, low, high)).encode()))
     if dtype == torch.bool:
         return torch.ones(shape, dtype=torch.bool) if nonzero else torch.rand(shape, generator=g) > 0.5
     x = torch.empty(shape).uniform_(low, high, generator=g)
@@ -102,7 +104,7 @@ UNARY = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(UNARY))
 def test_unary_float(name, dtype):
     low, high = UNARY[name] or (-3.0, 3.0)
@@ -160,7 +162,6 @@ DTYPE_PAIRS = [
     (torch.int64, torch.float32),
     (torch.float16, torch.float32),
     (torch.bool, torch.int64),
-    (torch.int32, torch.int64),
     (torch.uint8, torch.int8),
     (torch.bool, torch.bool),
 ]
@@ -235,6 +236,9 @@ def test_integer_pow():
     same(lambda b: b**3, base)
     same(lambda e: 2**e, exp.clamp(min=0))
     same(lambda b: b**-1, base)  # CPU: "Integers to negative integer powers are not allowed."
+    small = torch.tensor([3, -3, 7, 2, 5], dtype=torch.int16)
+    same(torch.pow, small, torch.tensor([200, 201, 1000, 15, 16], dtype=torch.int16))  # wraps like C
+    same(torch.pow, small.to(torch.uint8), torch.tensor([9, 8, 77, 7, 3], dtype=torch.uint8))
 
 
 @pytest.mark.parametrize("exponent", [0, 1, 2, 3, -1, -2, 0.5, -0.5, 1.7, -2.3])

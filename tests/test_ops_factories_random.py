@@ -462,6 +462,25 @@ def test_dropout_modules_and_half_precision(native):
     assert torch.equal(m(x).cpu(), x.cpu())
 
 
+RANDOM_DTYPE_ERRORS = [
+    lambda x: x.uniform_(), lambda x: x.normal_(), lambda x: x.exponential_(), lambda x: x.log_normal_(),
+    lambda x: x.cauchy_(), lambda x: torch.bernoulli(x), lambda x: torch.multinomial(x, 1),
+    lambda x: torch.normal(x, 1.0), lambda x: torch.randperm(3, dtype=torch.bool, device=x.device),
+]
+
+
+@pytest.mark.parametrize("fn", RANDOM_DTYPE_ERRORS)
+def test_random_dtype_errors(fn):
+    """Integer inputs raise CPU's errors (and leave CPU's generator alone)."""
+    x = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(Exception) as cpu:
+        fn(x)
+    state = torch.get_rng_state()
+    with pytest.raises(cpu.type):
+        fn(x.to("tpu"))
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_like_samplers(native):
     x = torch.zeros(3, 5, device="tpu", dtype=torch.float64)
     for fn in (torch.rand_like, torch.randn_like, lambda t: torch.randint_like(t, 3, 9)):

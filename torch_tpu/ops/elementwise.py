@@ -133,7 +133,7 @@ def _float_args(*operands):
     return [cast(x, dtype) for x in operands]
 
 
-def _type_name(dtype: np.dtype) -> str:
+def type_name(dtype: np.dtype) -> str:
     return torch.empty(0, dtype=to_torch_dtype(dtype)).type()[len("torch.") : -len("Tensor")]
 
 
@@ -142,7 +142,7 @@ def require(name: str, dtype: np.dtype, *, bool_ok=True, int_ok=True, float_ok=T
     dtype = np.dtype(dtype)
     ok = bool_ok if dtype == np.bool_ else int_ok if is_integral(dtype) else float_ok
     if not ok:
-        raise NotImplementedError(f'"{name}" not implemented for \'{_type_name(dtype)}\'')
+        raise NotImplementedError(f'"{name}" not implemented for \'{type_name(dtype)}\'')
 
 
 def _any_bool(*operands) -> bool:
@@ -196,7 +196,7 @@ def _check_inplace(self, result: np.dtype) -> None:
     """CPU's check for in-place ops whose meta kernels skip it."""
     if not torch.can_cast(to_torch_dtype(result), to_torch_dtype(self.dtype)):
         raise RuntimeError(
-            f"result type {_type_name(result)} can't be cast to the desired output type {_type_name(self.dtype)}"
+            f"result type {type_name(result)} can't be cast to the desired output type {type_name(self.dtype)}"
         )
 
 
@@ -276,8 +276,16 @@ def fmod(self, other):
 
 
 def _int_pow(base, exponent):
-    """CPU's powi: negative exponents give 0, except for bases 1 and -1."""
-    result = jnp.power(base, jnp.maximum(exponent, 0))
+    """CPU's powi: square-and-multiply over every exponent bit (wrapping like C; jnp.power
+    stops early for narrow types); negative exponents give 0, except for bases 1 and -1."""
+    base, exponent = jnp.broadcast_arrays(base, exponent)
+
+    def step(_, state):
+        result, b, e = state
+        return jnp.where((e & 1) == 1, result * b, result), b * b, e >> 1
+
+    bits = np.dtype(exponent.dtype).itemsize * 8
+    result, _, _ = lax.fori_loop(0, bits, step, (jnp.ones_like(base), base, jnp.maximum(exponent, 0)))
     if jnp.issubdtype(base.dtype, jnp.unsignedinteger):
         return result
     negative = jnp.where(base == 1, 1, jnp.where(base == -1, jnp.where(exponent % 2 == 0, 1, -1), 0))
@@ -867,4 +875,6 @@ def gelu_backward(grad_output, self, *, approximate="none"):
     return g * (cdf + x * pdf)
 
 
-__all__ = ["cast", "float_dtype", "is_integral", "opmath", "promote", "require", "result_dtype", "to_float"]
+__all__ = [
+    "cast", "float_dtype", "is_integral", "opmath", "promote", "require", "result_dtype", "to_float", "type_name",
+]

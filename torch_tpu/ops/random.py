@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from torch_tpu.ops.dtypes import to_numpy_dtype
-from torch_tpu.ops.elementwise import cast, float_dtype, is_integral, opmath, result_dtype
+from torch_tpu.ops.elementwise import cast, float_dtype, is_integral, opmath, require, result_dtype, type_name
 from torch_tpu.ops.registry import aten, lower
 
 
@@ -26,6 +26,7 @@ def _uniform(rng, shape, dtype) -> jnp.ndarray:
 
 @lower(aten.uniform_.default, random=True)
 def uniform_(self, low=0.0, high=1.0, *, rng):
+    require("check_uniform_bounds", self.dtype, bool_ok=False, int_ok=False)
     if low == 0.0 and high == 1.0:
         return jax.random.uniform(rng, self.shape, self.dtype)
     return jax.random.uniform(rng, self.shape, self.dtype, low, high)
@@ -82,6 +83,7 @@ def bernoulli_(self, p=0.5, *, rng):
 
 @lower(aten.bernoulli.default, random=True)
 def bernoulli(self, *, rng):
+    require("bernoulli_tensor_cpu_p_", self.dtype, bool_ok=False, int_ok=False)
     return _bernoulli(rng, self.shape, self)
 
 
@@ -129,12 +131,15 @@ def random_from(self, low, to=None, *, rng):
 @lower(aten.randperm.default, aten.randperm.generator, random=True)
 def randperm(n, *, dtype=None, layout=None, device=None, pin_memory=None, rng):
     out = np.dtype(np.int64) if dtype is None else to_numpy_dtype(dtype)
+    require("randperm", out, bool_ok=False)
     return jax.random.permutation(rng, n).astype(out)
 
 
 @lower(aten.multinomial.default, random=True)
 def multinomial(self, num_samples, replacement=False, *, rng):
     """Categorical draws over the last dim; without replacement, the Gumbel top-k trick."""
+    if is_integral(self.dtype):
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {type_name(self.dtype)}")
     logits = jnp.log(cast(self, opmath(self.dtype)))
     if replacement:
         batch = logits.shape[:-1]
