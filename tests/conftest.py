@@ -6,10 +6,10 @@ import os
 
 os.environ.setdefault("TORCH_TPU_PLATFORM", "cpu")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-import torch_tpu  # noqa: E402
+import torch_tpu
 
 
 @pytest.fixture

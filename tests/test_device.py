@@ -28,8 +28,18 @@ def test_device_module():
 
 @pytest.mark.parametrize(
     "dtype",
-    [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-     torch.int8, torch.uint8, torch.bool, torch.complex64],
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
 )
 def test_round_trip(dtype):
     cpu = (torch.arange(12) % 5).to(dtype).reshape(3, 4)
@@ -39,8 +49,13 @@ def test_round_trip(dtype):
 def test_round_trip_non_contiguous():
     cpu = torch.arange(24.0).reshape(2, 3, 4)
     tpu = cpu.to("tpu")
-    for view in (lambda x: x.transpose(0, 2), lambda x: x[:, 1], lambda x: x[..., ::2],
-                 lambda x: x.permute(2, 0, 1)[1:], lambda x: x[0].expand(5, 3, 4)):
+    for view in (
+        lambda x: x.transpose(0, 2),
+        lambda x: x[:, 1],
+        lambda x: x[..., ::2],
+        lambda x: x.permute(2, 0, 1)[1:],
+        lambda x: x[0].expand(5, 3, 4),
+    ):
         torch.testing.assert_close(view(tpu).cpu(), view(cpu))
 
 
@@ -76,8 +91,14 @@ def test_dtype_promotion(no_fallbacks):
     a = torch.arange(6).reshape(2, 3)
     b = torch.linspace(0, 1, 6).reshape(2, 3)
     h = b.half()
-    for fn in (lambda a, b, h: a + b, lambda a, b, h: a * 2.5, lambda a, b, h: h + b,
-               lambda a, b, h: a / 4, lambda a, b, h: (a > 2) + a, lambda a, b, h: b + torch.tensor(2)):
+    for fn in (
+        lambda a, b, h: a + b,
+        lambda a, b, h: a * 2.5,
+        lambda a, b, h: h + b,
+        lambda a, b, h: a / 4,
+        lambda a, b, h: (a > 2) + a,
+        lambda a, b, h: b + torch.tensor(2),
+    ):
         expected = fn(a, b, h)
         got = fn(a.to("tpu"), b.to("tpu"), h.to("tpu"))
         assert got.dtype == expected.dtype

@@ -18,9 +18,7 @@ _OTHER_AREAS = ("aten.sum", "aten.expand", "aten.as_strided")
 
 
 def _fallbacks() -> dict:
-    return {
-        k: v for k, v in torch_tpu.metrics.counters()["cpu_fallback_ops"].items() if not k.startswith(_OTHER_AREAS)
-    }
+    return {k: v for k, v in torch_tpu.metrics.counters()["cpu_fallback_ops"].items() if not k.startswith(_OTHER_AREAS)}
 
 
 def _tol(*tensors) -> dict:
@@ -50,12 +48,13 @@ def _cpu(x):
 def same(fn, *inputs, grad=False, **tol):
     """fn on tpu copies of `inputs` equals fn on the CPU inputs (or raises the same
     error), with no CPU fallback; with grad=True the float inputs' gradients match."""
-    cpu_in = [x.detach().requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x
-              for x in inputs]
+    cpu_in = [
+        x.detach().requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x for x in inputs
+    ]
     tpu_in = [_tpu(x) for x in cpu_in]
     try:
         expected = fn(*cpu_in)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         with pytest.raises(type(e)):
             fn(*tpu_in)
         return None
@@ -94,13 +93,46 @@ SPECIAL = torch.tensor([0.0, -0.0, 1.5, -2.5, 0.5, -0.5, 2.5, INF, -INF, NAN, 1e
 
 # name -> input range (None: the default range)
 UNARY = {
-    "abs": None, "neg": None, "sign": None, "sgn": None, "exp": None, "exp2": None, "expm1": None,
-    "log": (0.1, 4), "log2": (0.1, 4), "log10": (0.1, 4), "log1p": (-0.9, 4), "sqrt": (0, 4),
-    "rsqrt": (0.1, 4), "reciprocal": (0.5, 3), "sin": None, "cos": None, "tan": (-1.4, 1.4),
-    "asin": (-0.99, 0.99), "acos": (-0.99, 0.99), "atan": None, "sinh": None, "cosh": None, "tanh": None,
-    "asinh": None, "acosh": (1.01, 4), "atanh": (-0.99, 0.99), "sigmoid": None, "logit": (0.01, 0.99),
-    "erf": None, "erfc": None, "erfinv": (-0.99, 0.99), "floor": None, "ceil": None, "round": None,
-    "trunc": None, "frac": None, "sinc": None, "relu": None, "square": None, "positive": None,
+    "abs": None,
+    "neg": None,
+    "sign": None,
+    "sgn": None,
+    "exp": None,
+    "exp2": None,
+    "expm1": None,
+    "log": (0.1, 4),
+    "log2": (0.1, 4),
+    "log10": (0.1, 4),
+    "log1p": (-0.9, 4),
+    "sqrt": (0, 4),
+    "rsqrt": (0.1, 4),
+    "reciprocal": (0.5, 3),
+    "sin": None,
+    "cos": None,
+    "tan": (-1.4, 1.4),
+    "asin": (-0.99, 0.99),
+    "acos": (-0.99, 0.99),
+    "atan": None,
+    "sinh": None,
+    "cosh": None,
+    "tanh": None,
+    "asinh": None,
+    "acosh": (1.01, 4),
+    "atanh": (-0.99, 0.99),
+    "sigmoid": None,
+    "logit": (0.01, 0.99),
+    "erf": None,
+    "erfc": None,
+    "erfinv": (-0.99, 0.99),
+    "floor": None,
+    "ceil": None,
+    "round": None,
+    "trunc": None,
+    "frac": None,
+    "sinc": None,
+    "relu": None,
+    "square": None,
+    "positive": None,
 }
 
 
@@ -122,9 +154,26 @@ def test_unary_integer_and_bool(name, dtype):
 
 @pytest.mark.parametrize(
     "fn",
-    [torch.sign, torch.abs, torch.floor, torch.round, torch.isnan, torch.isinf, torch.isfinite, torch.isposinf,
-     torch.isneginf, torch.nan_to_num, lambda x: torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-2.0),
-     torch.relu, torch.sigmoid, torch.exp, torch.sqrt, torch.frac, torch.trunc, torch.signbit],
+    [
+        torch.sign,
+        torch.abs,
+        torch.floor,
+        torch.round,
+        torch.isnan,
+        torch.isinf,
+        torch.isfinite,
+        torch.isposinf,
+        torch.isneginf,
+        torch.nan_to_num,
+        lambda x: torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-2.0),
+        torch.relu,
+        torch.sigmoid,
+        torch.exp,
+        torch.sqrt,
+        torch.frac,
+        torch.trunc,
+        torch.signbit,
+    ],
 )
 def test_unary_special_values(fn):
     same(fn, SPECIAL)
@@ -188,7 +237,12 @@ ARITHMETIC = {
     "hypot": torch.hypot,
     "copysign": torch.copysign,
     "xlogy": torch.xlogy,
-    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
     "logical_and": torch.logical_and,
     "logical_or": torch.logical_or,
     "logical_xor": torch.logical_xor,
@@ -221,8 +275,14 @@ def test_binary(name, da, db):
 def test_floor_and_trunc_division_and_modulo_signs():
     a = torch.tensor([7, -7, 7, -7, 0, 5, -5, 6])
     b = torch.tensor([2, 2, -2, -2, 3, 5, 3, -4])
-    for fn in (torch.floor_divide, torch.remainder, torch.fmod, lambda x, y: torch.div(x, y, rounding_mode="trunc"),
-               lambda x, y: torch.div(x, y, rounding_mode="floor"), torch.div):
+    for fn in (
+        torch.floor_divide,
+        torch.remainder,
+        torch.fmod,
+        lambda x, y: torch.div(x, y, rounding_mode="trunc"),
+        lambda x, y: torch.div(x, y, rounding_mode="floor"),
+        torch.div,
+    ):
         same(fn, a, b)
         same(fn, a.double(), b.double())
     same(torch.floor_divide, torch.tensor([1.0, -1.0, 0.0, -0.0, 5.0]), torch.tensor([0.0, 0.0, 3.0, 2.0, -0.0]))
@@ -285,11 +345,28 @@ def test_nan_semantics_of_min_max_and_clamp():
 # ---- scalars, promotion -----------------------------------------------------
 
 SCALAR_FNS = [
-    lambda x: x + 2, lambda x: x + 2.5, lambda x: 2 - x, lambda x: x - True, lambda x: x * 3, lambda x: x * 0.5,
-    lambda x: x / 3, lambda x: 1 / (x + 10), lambda x: x // 2, lambda x: x % 3, lambda x: x % -2.5,
-    lambda x: x**2, lambda x: 2**x, lambda x: x < 1.5, lambda x: x == 2, lambda x: x >= -1,
-    lambda x: torch.add(x, 3, alpha=2), lambda x: torch.sub(x, 1.5, alpha=2), lambda x: torch.rsub(x, 2),
-    lambda x: torch.maximum(x, torch.tensor(1)), lambda x: torch.fmod(x, 2), lambda x: torch.remainder(5, x + 10),
+    lambda x: x + 2,
+    lambda x: x + 2.5,
+    lambda x: 2 - x,
+    lambda x: x - True,
+    lambda x: x * 3,
+    lambda x: x * 0.5,
+    lambda x: x / 3,
+    lambda x: 1 / (x + 10),
+    lambda x: x // 2,
+    lambda x: x % 3,
+    lambda x: x % -2.5,
+    lambda x: x**2,
+    lambda x: 2**x,
+    lambda x: x < 1.5,
+    lambda x: x == 2,
+    lambda x: x >= -1,
+    lambda x: torch.add(x, 3, alpha=2),
+    lambda x: torch.sub(x, 1.5, alpha=2),
+    lambda x: torch.rsub(x, 2),
+    lambda x: torch.maximum(x, torch.tensor(1)),
+    lambda x: torch.fmod(x, 2),
+    lambda x: torch.remainder(5, x + 10),
 ]
 
 
@@ -309,9 +386,15 @@ def test_wrapped_integer_overflow_wraps_like_cpu():
 @pytest.mark.parametrize(
     "a,b",
     [
-        (torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.float16),
-        (torch.int64, torch.float32), (torch.int32, torch.float64), (torch.bool, torch.int64),
-        (torch.bool, torch.float32), (torch.uint8, torch.int8), (torch.int8, torch.int64),
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32),
+        (torch.bfloat16, torch.float16),
+        (torch.int64, torch.float32),
+        (torch.int32, torch.float64),
+        (torch.bool, torch.int64),
+        (torch.bool, torch.float32),
+        (torch.uint8, torch.int8),
+        (torch.int8, torch.int64),
     ],
 )
 def test_promotion_result_dtype(a, b):
@@ -397,8 +480,12 @@ def test_where_and_masked_fill(dtype):
 
 def test_where_and_masked_fill_grad():
     cond = make((3, 4), torch.bool)
-    same(lambda x, y: torch.where(cond.to(x.device), x, y), make((3, 4), torch.float32), make((3, 4), torch.float32),
-         grad=True)
+    same(
+        lambda x, y: torch.where(cond.to(x.device), x, y),
+        make((3, 4), torch.float32),
+        make((3, 4), torch.float32),
+        grad=True,
+    )
     same(lambda x: x.masked_fill(cond.to(x.device), 0.0), make((3, 4), torch.float32), grad=True)
 
 
@@ -452,8 +539,25 @@ def test_inplace_on_view_changes_base():
 
 @pytest.mark.parametrize(
     "method",
-    ["add_", "sub_", "mul_", "div_", "pow_", "remainder_", "fmod_", "maximum", "clamp_", "copysign_", "atan2_",
-     "hypot_", "lerp_", "eq_", "lt_", "logical_and_", "floor_divide_"],
+    [
+        "add_",
+        "sub_",
+        "mul_",
+        "div_",
+        "pow_",
+        "remainder_",
+        "fmod_",
+        "maximum",
+        "clamp_",
+        "copysign_",
+        "atan2_",
+        "hypot_",
+        "lerp_",
+        "eq_",
+        "lt_",
+        "logical_and_",
+        "floor_divide_",
+    ],
 )
 def test_inplace_methods(method):
     def run(x, y):
@@ -594,14 +698,22 @@ def test_activation_forward_backward(name, dtype):
     same(ACTIVATIONS[name], x.t())
 
 
-@pytest.mark.parametrize("name", ["relu", "leaky_relu", "elu", "hardtanh", "hardsigmoid", "hardswish", "silu", "mish",
-                                  "gelu", "threshold"])
+@pytest.mark.parametrize(
+    "name", ["relu", "leaky_relu", "elu", "hardtanh", "hardsigmoid", "hardswish", "silu", "mish", "gelu", "threshold"]
+)
 def test_activation_inplace(name):
-    fns = {"relu": F.relu_, "leaky_relu": lambda x: F.leaky_relu_(x, 0.2), "elu": lambda x: F.elu_(x),
-           "hardtanh": lambda x: F.hardtanh_(x), "hardsigmoid": lambda x: F.hardsigmoid(x, inplace=True),
-           "hardswish": lambda x: F.hardswish(x, inplace=True), "silu": lambda x: F.silu(x, inplace=True),
-           "mish": lambda x: F.mish(x, inplace=True), "gelu": lambda x: x.copy_(F.gelu(x)),
-           "threshold": lambda x: F.threshold_(x, 0.1, 9.0)}
+    fns = {
+        "relu": F.relu_,
+        "leaky_relu": lambda x: F.leaky_relu_(x, 0.2),
+        "elu": lambda x: F.elu_(x),
+        "hardtanh": lambda x: F.hardtanh_(x),
+        "hardsigmoid": lambda x: F.hardsigmoid(x, inplace=True),
+        "hardswish": lambda x: F.hardswish(x, inplace=True),
+        "silu": lambda x: F.silu(x, inplace=True),
+        "mish": lambda x: F.mish(x, inplace=True),
+        "gelu": lambda x: x.copy_(F.gelu(x)),
+        "threshold": lambda x: F.threshold_(x, 0.1, 9.0),
+    }
 
     def run(x):
         x = x.clone()
@@ -611,8 +723,33 @@ def test_activation_inplace(name):
     same(run, make((4, 5), torch.float32, -4, 4))
 
 
-UNARY_GRAD = ["exp", "exp2", "expm1", "sin", "cos", "tan", "atan", "sinh", "cosh", "tanh", "asinh", "sigmoid", "erf",
-              "erfc", "abs", "neg", "sign", "sgn", "floor", "round", "trunc", "frac", "sinc", "square", "relu"]
+UNARY_GRAD = [
+    "exp",
+    "exp2",
+    "expm1",
+    "sin",
+    "cos",
+    "tan",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "sigmoid",
+    "erf",
+    "erfc",
+    "abs",
+    "neg",
+    "sign",
+    "sgn",
+    "floor",
+    "round",
+    "trunc",
+    "frac",
+    "sinc",
+    "square",
+    "relu",
+]
 
 
 @pytest.mark.parametrize("name", UNARY_GRAD)
@@ -620,17 +757,48 @@ def test_unary_backward(name):
     same(getattr(torch, name), make((3, 4), torch.float32), grad=True)
 
 
-@pytest.mark.parametrize("name,low,high", [
-    ("log", 0.1, 3), ("log2", 0.1, 3), ("log10", 0.1, 3), ("log1p", -0.5, 3), ("sqrt", 0.1, 3), ("rsqrt", 0.1, 3),
-    ("reciprocal", 0.5, 3), ("asin", -0.9, 0.9), ("acos", -0.9, 0.9), ("acosh", 1.1, 3), ("atanh", -0.9, 0.9),
-    ("erfinv", -0.9, 0.9), ("logit", 0.1, 0.9),
-])
+@pytest.mark.parametrize(
+    "name,low,high",
+    [
+        ("log", 0.1, 3),
+        ("log2", 0.1, 3),
+        ("log10", 0.1, 3),
+        ("log1p", -0.5, 3),
+        ("sqrt", 0.1, 3),
+        ("rsqrt", 0.1, 3),
+        ("reciprocal", 0.5, 3),
+        ("asin", -0.9, 0.9),
+        ("acos", -0.9, 0.9),
+        ("acosh", 1.1, 3),
+        ("atanh", -0.9, 0.9),
+        ("erfinv", -0.9, 0.9),
+        ("logit", 0.1, 0.9),
+    ],
+)
 def test_unary_backward_domain(name, low, high):
     same(getattr(torch, name), make((3, 4), torch.float32, low, high), grad=True)
 
 
-@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "atan2", "hypot",
-                                  "remainder", "fmod", "copysign", "xlogy", "fmax", "fmin"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "pow",
+        "maximum",
+        "minimum",
+        "atan2",
+        "hypot",
+        "remainder",
+        "fmod",
+        "copysign",
+        "xlogy",
+        "fmax",
+        "fmin",
+    ],
+)
 def test_binary_backward(name):
     a, b = make((3, 4), torch.float32, 0.5, 3), make((3, 4), torch.float32, 0.5, 3)
     same(getattr(torch, name), a, b, grad=True)
@@ -642,8 +810,11 @@ def test_broadcast_backward():
 
 
 def test_scalar_op_backward():
-    same(lambda x: (x * 3 + 2) ** 2 / 4 - torch.clamp(x, -1, 1) + x.clamp(min=0.5), make((3, 4), torch.float32),
-         grad=True)
+    same(
+        lambda x: (x * 3 + 2) ** 2 / 4 - torch.clamp(x, -1, 1) + x.clamp(min=0.5),
+        make((3, 4), torch.float32),
+        grad=True,
+    )
     same(lambda x: torch.pow(2.0, x) + x**0.5 + torch.rsub(x, 1.0), make((5,), torch.float32, 0.2, 2), grad=True)
 
 

@@ -21,7 +21,7 @@ def same(fn, *inputs, **tol):
     """fn(device, *inputs) on tpu equals it on CPU (or raises the same error), with no CPU fallback."""
     try:
         expected = fn("cpu", *inputs)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         with pytest.raises(type(e)):
             fn("tpu", *[x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs])
         return None
@@ -104,8 +104,18 @@ def test_tensor_constructor(data, native):
 
 
 ARANGES = [
-    (5,), (0, 5), (2, 11, 3), (10, 0, -2), (0.0, 1.0, 0.1), (-1.0, 1.0, 0.3), (1, 2.5, 0.5), (0, 1, 0.25),
-    (-3, 3), (0, 0), (5, 0), (0.5,),
+    (5,),
+    (0, 5),
+    (2, 11, 3),
+    (10, 0, -2),
+    (0.0, 1.0, 0.1),
+    (-1.0, 1.0, 0.3),
+    (1, 2.5, 0.5),
+    (0, 1, 0.25),
+    (-3, 3),
+    (0, 0),
+    (5, 0),
+    (0.5,),
 ]
 
 
@@ -150,9 +160,14 @@ def test_default_dtype_is_honoured():
     same(lambda d: torch.zeros(2, device=d))
     torch.set_default_dtype(torch.float64)
     try:
-        for fn in (lambda d: torch.zeros(2, device=d), lambda d: torch.arange(0.5, 3, device=d),
-                   lambda d: torch.full((2,), 1.5, device=d), lambda d: torch.linspace(0, 1, 3, device=d),
-                   lambda d: torch.eye(2, device=d), lambda d: torch.ones(2, device=d) * 0.1):
+        for fn in (
+            lambda d: torch.zeros(2, device=d),
+            lambda d: torch.arange(0.5, 3, device=d),
+            lambda d: torch.full((2,), 1.5, device=d),
+            lambda d: torch.linspace(0, 1, 3, device=d),
+            lambda d: torch.eye(2, device=d),
+            lambda d: torch.ones(2, device=d) * 0.1,
+        ):
             assert same(fn).dtype == torch.float64
     finally:
         torch.set_default_dtype(prev)
@@ -191,8 +206,8 @@ CAST_SOURCES = {
 
 @pytest.mark.parametrize("source", sorted(CAST_SOURCES))
 @pytest.mark.parametrize(
-    "dtype", [torch.float16, torch.bfloat16, torch.float64, torch.float32, torch.int64, torch.int32, torch.int8,
-              torch.bool],
+    "dtype",
+    [torch.float16, torch.bfloat16, torch.float64, torch.float32, torch.int64, torch.int32, torch.int8, torch.bool],
 )
 def test_dtype_casts(source, dtype):
     x = CAST_SOURCES[source]
@@ -247,8 +262,12 @@ def test_clone():
 
 def test_cast_and_clone_backward():
     x = torch.randn(3, 4)
-    for fn in (lambda t: (t.double() * 2).sum(), lambda t: (t.clone() ** 2).sum(), lambda t: t.half().float().sum(),
-               lambda t: (t.to("cpu") * 3).sum()):
+    for fn in (
+        lambda t: (t.double() * 2).sum(),
+        lambda t: (t.clone() ** 2).sum(),
+        lambda t: t.half().float().sum(),
+        lambda t: (t.to("cpu") * 3).sum(),
+    ):
         grads = []
         for device in ("cpu", "tpu"):
             leaf = x.detach().to(device).requires_grad_()
@@ -346,8 +365,11 @@ def test_normal(dtype, native):
 def test_normal_tensor_overloads(native):
     m = torch.full((N,), 4.0, device="tpu")
     s = torch.full((N,), 0.25, device="tpu")
-    for x, (em, es) in ((torch.normal(m, 2.0), (4, 2)), (torch.normal(-1.0, s), (-1, 0.25)),
-                        (torch.normal(m, s), (4, 0.25))):
+    for x, (em, es) in (
+        (torch.normal(m, 2.0), (4, 2)),
+        (torch.normal(-1.0, s), (-1, 0.25)),
+        (torch.normal(m, s), (4, 0.25)),
+    ):
         mean, std = _moments(x)
         assert x.shape == (N,) and abs(mean - em) < 0.06 * max(es, 1) and abs(std - es) < 0.05 * es
     assert torch.normal(0.0, 1.0, (3, 4), device="tpu").shape == (3, 4)
@@ -368,8 +390,12 @@ def test_other_distributions(native):
 @pytest.mark.parametrize("p", [0.0, 0.2, 0.5, 1.0])
 def test_bernoulli(p, native):
     probs = torch.full((N,), p, device="tpu")
-    for x in (torch.bernoulli(probs), torch.bernoulli(probs, p=p), torch.empty(N, device="tpu").bernoulli_(p),
-              torch.zeros(N, dtype=torch.int64, device="tpu").bernoulli_(probs)):
+    for x in (
+        torch.bernoulli(probs),
+        torch.bernoulli(probs, p=p),
+        torch.empty(N, device="tpu").bernoulli_(p),
+        torch.zeros(N, dtype=torch.int64, device="tpu").bernoulli_(probs),
+    ):
         c = x.cpu()
         assert set(c.unique().tolist()) <= {0, 1}
         assert abs(c.double().mean().item() - p) < 0.02
@@ -377,11 +403,17 @@ def test_bernoulli(p, native):
     assert varying[:, 0].sum() == 0 and varying[:, 1].sum() == N // 2
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8, torch.float32, torch.bfloat16,
-                                   torch.bool])
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int32, torch.uint8, torch.int8, torch.float32, torch.bfloat16, torch.bool]
+)
 def test_random_integers(dtype, native):
-    x = torch.randint(-3 if dtype not in (torch.uint8, torch.bool) else 0, 2 if dtype == torch.bool else 7, (N,),
-                      device="tpu", dtype=dtype).cpu()
+    x = torch.randint(
+        -3 if dtype not in (torch.uint8, torch.bool) else 0,
+        2 if dtype == torch.bool else 7,
+        (N,),
+        device="tpu",
+        dtype=dtype,
+    ).cpu()
     assert x.dtype == dtype
     low = -3 if dtype not in (torch.uint8, torch.bool) else 0
     high = 2 if dtype == torch.bool else 7
@@ -389,8 +421,15 @@ def test_random_integers(dtype, native):
     y = torch.empty(N, dtype=dtype, device="tpu").random_(3 if dtype != torch.bool else 1).cpu()
     assert set(y.long().unique().tolist()) <= set(range(3))
     z = torch.empty(N, dtype=dtype, device="tpu").random_().cpu().double()
-    top = {torch.int64: 2**63 - 1, torch.int32: 2**31 - 1, torch.uint8: 255, torch.int8: 127, torch.float32: 2**24,
-           torch.bfloat16: 2**8, torch.bool: 1}[dtype]
+    top = {
+        torch.int64: 2**63 - 1,
+        torch.int32: 2**31 - 1,
+        torch.uint8: 255,
+        torch.int8: 127,
+        torch.float32: 2**24,
+        torch.bfloat16: 2**8,
+        torch.bool: 1,
+    }[dtype]
     assert z.min() >= 0 and z.max() <= top and z.max() > top / 2
     w = torch.empty(N, dtype=dtype, device="tpu").random_(1, None).cpu().double() if dtype != torch.bool else None
     if w is not None:
@@ -463,9 +502,15 @@ def test_dropout_modules_and_half_precision(native):
 
 
 RANDOM_DTYPE_ERRORS = [
-    lambda x: x.uniform_(), lambda x: x.normal_(), lambda x: x.exponential_(), lambda x: x.log_normal_(),
-    lambda x: x.cauchy_(), lambda x: torch.bernoulli(x), lambda x: torch.multinomial(x, 1),
-    lambda x: torch.normal(x, 1.0), lambda x: torch.randperm(3, dtype=torch.bool, device=x.device),
+    lambda x: x.uniform_(),
+    lambda x: x.normal_(),
+    lambda x: x.exponential_(),
+    lambda x: x.log_normal_(),
+    lambda x: x.cauchy_(),
+    lambda x: torch.bernoulli(x),
+    lambda x: torch.multinomial(x, 1),
+    lambda x: torch.normal(x, 1.0),
+    lambda x: torch.randperm(3, dtype=torch.bool, device=x.device),
 ]
 
 

@@ -78,7 +78,7 @@ def _data(dtype, shape=(3, 4)):
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
-I = torch.tensor
+T = torch.tensor
 
 
 def on(x, t):
@@ -271,7 +271,7 @@ def test_shape_ops_grad_and_inplace():
 )
 def test_pad(mode, shape, pad):
     same(lambda x: F.pad(x, pad, mode=mode), torch.randn(shape), grad=True)
-    swapped = torch.randn(shape[:-2] + (shape[-1], shape[-2]))
+    swapped = torch.randn((*shape[:-2], shape[-1], shape[-2]))
     same(lambda x: F.pad(x.transpose(-1, -2), pad, mode=mode), swapped, grad=True)  # non-contiguous
 
 
@@ -288,14 +288,14 @@ def test_constant_pad_value_and_dtypes():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_index_tensor(dtype):
     x = _data(dtype, (4, 5, 3))
-    i, j = I([0, 2, -1]), I([[1], [-4]])
+    i, j = T([0, 2, -1]), T([[1], [-4]])
     same(lambda x: x[i], x)
     same(lambda x: x[:, i], x)
     same(lambda x: x[i, :, i], x)  # non-adjacent advanced indices go first
     same(lambda x: x[j, i], x)  # broadcasting index tensors
     same(lambda x: x[None, i, 1:, None], x)
-    same(lambda x: x[..., I([2, 0])], x)
-    same(lambda x: x[I(1), I([0, 1])], x)
+    same(lambda x: x[..., T([2, 0])], x)
+    same(lambda x: x[T(1), T([0, 1])], x)
     same(lambda x: x.transpose(0, 2)[i[:2]], x)
     same(lambda x: x[i.int()], x)
     same(lambda x: x[[0, 3]], x)
@@ -309,7 +309,7 @@ def test_index_bool_mask(dtype):
     same(lambda x, m: x[m[:, 0]], x, m)
     same(lambda x, m: x[:, m[0]], x, m)
     same(lambda x, m: x[m[:, 0], 1:], x, m)
-    same(lambda x, m: x[m[:, 0], I([1, 0, 2])[: int(m[:, 0].sum())]] if m[:, 0].sum() else x, x, m)
+    same(lambda x, m: x[m[:, 0], T([1, 0, 2])[: int(m[:, 0].sum())]] if m[:, 0].sum() else x, x, m)
     same(lambda x: x[x > 0] if dtype != torch.bool else x[x], x)
     same(lambda x: x[torch.zeros(3, 4, dtype=torch.bool, device=x.device)], x)
     same(lambda x: x.t()[m.t().to(x.device)], x)  # CPU mask on a tpu tensor
@@ -318,32 +318,32 @@ def test_index_bool_mask(dtype):
 def test_index_cpu_index_tensors_on_tpu_tensor():
     x = torch.randn(4, 3)
     t = x.to("tpu")
-    torch.testing.assert_close(t[I([1, -1])].cpu(), x[I([1, -1])])
-    torch.testing.assert_close(t[I([True, False, True, False])].cpu(), x[I([True, False, True, False])])
+    torch.testing.assert_close(t[T([1, -1])].cpu(), x[T([1, -1])])
+    torch.testing.assert_close(t[T([True, False, True, False])].cpu(), x[T([True, False, True, False])])
 
 
 def test_index_errors_like_cpu():
     x = torch.randn(3, 4)
-    same_error(lambda x: x[I([5])], x, match=True)
-    same_error(lambda x: x[I([-4])], x, match=True)
-    same_error(lambda x: x[:, I([0, 4])], x, match=True)
-    same_error(lambda x: x[I([0, 1]), I([0, 1, 2])], x, match=True)
-    same_error(lambda x: x[I([1.0])], x, match=True)
+    same_error(lambda x: x[T([5])], x, match=True)
+    same_error(lambda x: x[T([-4])], x, match=True)
+    same_error(lambda x: x[:, T([0, 4])], x, match=True)
+    same_error(lambda x: x[T([0, 1]), T([0, 1, 2])], x, match=True)
+    same_error(lambda x: x[T([1.0])], x, match=True)
     same_error(lambda x: x[torch.ones(2, dtype=torch.bool)], x, match=True)
-    same_error(lambda x: x[I([0]), I([0]), I([0])], x, match=True)
+    same_error(lambda x: x[T([0]), T([0]), T([0])], x, match=True)
     t = x.to("tpu")
     with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0 with size 3"):
-        t[I([5]).to("tpu")]
+        t[T([5]).to("tpu")]
     with pytest.raises(IndexError):
-        t[I([5])]  # CPU index tensor, checked on the host
+        t[T([5])]  # CPU index tensor, checked on the host
 
 
 def test_index_grad():
     x = torch.randn(4, 3)
-    same(lambda x: x[I([0, 2, 2, -1])], x, grad=True)  # repeated indices accumulate
-    same(lambda x: x[:, I([1, 1])], x, grad=True)
+    same(lambda x: x[T([0, 2, 2, -1])], x, grad=True)  # repeated indices accumulate
+    same(lambda x: x[:, T([1, 1])], x, grad=True)
     same(lambda x: x[x > 0], x, grad=True)
-    same(lambda x: x.t()[I([2, 0])], x, grad=True)
+    same(lambda x: x.t()[T([2, 0])], x, grad=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
@@ -353,11 +353,11 @@ def test_setitem(dtype):
     m = torch.rand(4, 3) > 0.5
 
     def put_index(x, v):
-        x[I([0, -1])] = v
+        x[T([0, -1])] = v
         return x
 
     def put_scalar(x):
-        x[I([1, 2]), I([0, 2])] = 1
+        x[T([1, 2]), T([0, 2])] = 1
         return x
 
     def put_mask_scalar(x, m):
@@ -377,7 +377,7 @@ def test_setitem(dtype):
         return x
 
     def put_view(x, v):
-        x.t()[I([2]), 1:3] = v[0, :2]
+        x.t()[T([2]), 1:3] = v[0, :2]
         return x
 
     same(put_index, x, v)
@@ -391,12 +391,12 @@ def test_setitem(dtype):
 
 def test_index_put_accumulate():
     x, v = torch.randn(4, 3), torch.randn(3, 3)
-    same(lambda x, v: x.index_put_((I([0, 2, 0]),), v, accumulate=True), x, v)
-    same(lambda x, v: x.index_put((I([0, 2, 0]), I([1, 1, 1])), v[0], accumulate=True), x, v)
-    same(lambda x, v: x.index_put_((I([3, 1]),), v[:2]), x, v)
+    same(lambda x, v: x.index_put_((T([0, 2, 0]),), v, accumulate=True), x, v)
+    same(lambda x, v: x.index_put((T([0, 2, 0]), T([1, 1, 1])), v[0], accumulate=True), x, v)
+    same(lambda x, v: x.index_put_((T([3, 1]),), v[:2]), x, v)
 
     def add_at(x):
-        x[I([1, 3])] += 1
+        x[T([1, 3])] += 1
         return x
 
     same(add_at, x)
@@ -407,32 +407,32 @@ def test_index_put_accumulate():
 
     same(add_mask, x)
     same(lambda x: x.index_put_((x > 0,), torch.tensor(1.0, device=x.device), accumulate=True), x)
-    same(lambda x, v: x.index_put_((I([0, 1]),), v[:2], accumulate=True), torch.arange(12).reshape(4, 3), v.long())
-    same(lambda x: x.index_put_((I([0, 1]),), torch.tensor(5.0), accumulate=True), x)  # CPU scalar value
+    same(lambda x, v: x.index_put_((T([0, 1]),), v[:2], accumulate=True), torch.arange(12).reshape(4, 3), v.long())
+    same(lambda x: x.index_put_((T([0, 1]),), torch.tensor(5.0), accumulate=True), x)  # CPU scalar value
 
 
 def test_index_put_errors_and_grad():
     x = torch.randn(3, 4)
 
     def oob(x):
-        x[I([3])] = 1.0
+        x[T([3])] = 1.0
 
     def oob_acc(x):
-        x.index_put_((I([-4]),), torch.tensor(1.0, device=x.device), accumulate=True)
+        x.index_put_((T([-4]),), torch.tensor(1.0, device=x.device), accumulate=True)
 
     def bad_dtype(x):
         x.long().index_put_((x > 0,), x[x > 0])
 
     def bad_dtype_index(x):
-        x.long().index_put_((I([0]),), torch.tensor(1.5))
+        x.long().index_put_((T([0]),), torch.tensor(1.5))
 
     same_error(oob, x, match=True)
     same_error(oob_acc, x, match=True)
     same_error(bad_dtype, x, match=True)
     same_error(bad_dtype_index, x, match=True)
     same(lambda x: x.index_put_((x > 0,), torch.tensor(2)), x)  # CPU scalar: cast, as on CPU
-    same(lambda x, v: x.index_put((I([0, 2]),), v), x, torch.randn(2, 4), grad=True)
-    same(lambda x, v: x.index_put((I([0, 0]),), v, accumulate=True), x, torch.randn(2, 4), grad=True)
+    same(lambda x, v: x.index_put((T([0, 2]),), v), x, torch.randn(2, 4), grad=True)
+    same(lambda x, v: x.index_put((T([0, 0]),), v, accumulate=True), x, torch.randn(2, 4), grad=True)
 
 
 # ---- gather / scatter family ---------------------------------------------------------------
@@ -442,13 +442,13 @@ def test_index_put_errors_and_grad():
 def test_gather_scatter(dtype):
     x = _data(dtype, (3, 4))
     src = _data(dtype, (3, 4))
-    idx = I([[0, 1], [2, 0], [1, 1]])
+    idx = T([[0, 1], [2, 0], [1, 1]])
     perm = torch.stack([torch.randperm(4)[:2] for _ in range(3)])  # no duplicates per row
     same(lambda x: x.gather(1, on(x, idx)), x)
     same(lambda x: x.gather(0, on(x, idx[:2].clamp(max=2))), x)
     same(lambda x: x.t().gather(0, on(x, idx.t())), x)
     same(lambda x, s: x.scatter(1, on(x, perm), s), x, src)
-    same(lambda x, s: x.scatter(0, on(x, I([[2, 0, 1, 0]])), s), x, src)
+    same(lambda x, s: x.scatter(0, on(x, T([[2, 0, 1, 0]])), s), x, src)
     same(lambda x: x.scatter(1, on(x, perm), 1), x)
     same(lambda x, s: x.t().scatter(0, on(x, perm.t()), s.t()), x, src)
     same(lambda x, s: x.scatter_(1, on(x, perm), s), x, src)
@@ -464,18 +464,18 @@ def test_gather_scatter(dtype):
 def test_scatter_reduce(reduce, include_self, dtype):
     x = _data(dtype, (2, 4))
     src = _data(dtype, (2, 3))
-    idx = I([[0, 1, 0], [2, 2, 1]])
+    idx = T([[0, 1, 0], [2, 2, 1]])
     same(lambda x, s: x.scatter_reduce(1, on(x, idx), s, reduce, include_self=include_self), x, src)
 
 
 def test_scatter_legacy_reduce_and_grad():
     x, src = torch.randn(3, 4), torch.randn(3, 4)
-    idx = I([[0, 1], [2, 0], [1, 1]])
+    idx = T([[0, 1], [2, 0], [1, 1]])
     same(lambda x, s: x.scatter(1, on(x, idx), s, reduce="multiply"), x, src)
     same(lambda x: x.scatter(1, on(x, idx), 2.0, reduce="add"), x)
     same(lambda x: x.gather(1, on(x, idx)), x, grad=True)
     same(lambda x, s: x.scatter_add(1, on(x, idx), s), x, src[:, :2], grad=True)
-    same(lambda x, s: x.scatter(1, on(x, I([[0, 1], [2, 0], [1, 3]])), s), x, src[:, :2], grad=True)
+    same(lambda x, s: x.scatter(1, on(x, T([[0, 1], [2, 0], [1, 3]])), s), x, src[:, :2], grad=True)
 
 
 def test_out_and_inplace_variants_through_views():
@@ -483,15 +483,15 @@ def test_out_and_inplace_variants_through_views():
     perm = torch.stack([torch.randperm(3) for _ in range(4)])
     same(lambda x, s: x.t().scatter_(1, on(x, perm), s), x, src)  # writes through to the base
     same(lambda x, s: x.t().scatter_add_(1, on(x, perm), s), x, src)
-    same(lambda x: x[1:].index_fill_(1, on(x, I([0, 2])), -1.0), x)
-    same(lambda x, s: x.t().index_copy_(0, on(x, I([3, 0])), s[:2]), x, src)
+    same(lambda x: x[1:].index_fill_(1, on(x, T([0, 2])), -1.0), x)
+    same(lambda x, s: x.t().index_copy_(0, on(x, T([3, 0])), s[:2]), x, src)
     t = x.to("tpu")
     out = torch.empty(0, device="tpu")
-    torch.index_select(t, 1, I([2, 0]).to("tpu"), out=out)
-    torch.testing.assert_close(out.cpu(), x.index_select(1, I([2, 0])))
+    torch.index_select(t, 1, T([2, 0]).to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), x.index_select(1, T([2, 0])))
     out = torch.empty(0, device="tpu")
-    torch.gather(t, 0, I([[2, 1, 0, 0]]).to("tpu"), out=out)
-    torch.testing.assert_close(out.cpu(), x.gather(0, I([[2, 1, 0, 0]])))
+    torch.gather(t, 0, T([[2, 1, 0, 0]]).to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), x.gather(0, T([[2, 1, 0, 0]])))
 
 
 def test_mask_fill_path_needs_no_host_sync():
@@ -510,64 +510,64 @@ def test_mask_fill_path_needs_no_host_sync():
 
 def test_gather_scatter_errors():
     x = torch.randn(3, 4)
-    same_error(lambda x: x.gather(1, on(x, I([[4]]))), x, match=True)
-    same_error(lambda x: x.gather(0, on(x, I([[-1]]))), x, match=True)
-    same_error(lambda x: x.scatter(1, on(x, I([[4]])), 1.0), x, match=True)
-    same_error(lambda x: x.scatter_add(0, on(x, I([[3]])), x), x, match=True)
-    same_error(lambda x: x.scatter_reduce(0, on(x, I([[3]])), x, "amax"), x, match=True)
-    same_error(lambda x: x.gather(1, on(x, I([[0.5]]))), x)
-    same_error(lambda x: x.gather(3, on(x, I([[0]]))), x)
+    same_error(lambda x: x.gather(1, on(x, T([[4]]))), x, match=True)
+    same_error(lambda x: x.gather(0, on(x, T([[-1]]))), x, match=True)
+    same_error(lambda x: x.scatter(1, on(x, T([[4]])), 1.0), x, match=True)
+    same_error(lambda x: x.scatter_add(0, on(x, T([[3]])), x), x, match=True)
+    same_error(lambda x: x.scatter_reduce(0, on(x, T([[3]])), x, "amax"), x, match=True)
+    same_error(lambda x: x.gather(1, on(x, T([[0.5]]))), x)
+    same_error(lambda x: x.gather(3, on(x, T([[0]]))), x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_index_select_add_copy_fill(dtype):
     x = _data(dtype, (4, 3))
     src = _data(dtype, (2, 3))
-    idx = I([3, 0])
+    idx = T([3, 0])
     same(lambda x: x.index_select(0, on(x, idx)), x)
-    same(lambda x: x.index_select(1, on(x, I([2, 2, 0]))), x)
-    same(lambda x: x.index_select(-1, on(x, I(1))), x)
-    same(lambda x: x.t().index_select(0, on(x, I([1]))), x)
+    same(lambda x: x.index_select(1, on(x, T([2, 2, 0]))), x)
+    same(lambda x: x.index_select(-1, on(x, T(1))), x)
+    same(lambda x: x.t().index_select(0, on(x, T([1]))), x)
     same(lambda x, s: x.index_copy(0, on(x, idx), s), x, src)
-    same(lambda x: x.index_copy_(1, on(x, I([2, 0])), x[:, :2].clone()), x)
-    same(lambda x: x.index_fill(1, on(x, I([0, -1])), 1), x)
+    same(lambda x: x.index_copy_(1, on(x, T([2, 0])), x[:, :2].clone()), x)
+    same(lambda x: x.index_fill(1, on(x, T([0, -1])), 1), x)
     same(lambda x: x.index_fill_(0, on(x, idx), torch.tensor(0, dtype=dtype)), x)
     if dtype != torch.bool:
-        same(lambda x, s: x.index_add(0, on(x, I([1, 1])), s), x, src)
+        same(lambda x, s: x.index_add(0, on(x, T([1, 1])), s), x, src)
         same(lambda x, s: x.index_add_(0, on(x, idx), s, alpha=2), x, src)
 
 
 def test_index_select_etc_grad_and_errors():
     x, src = torch.randn(4, 3), torch.randn(2, 3)
-    same(lambda x: x.index_select(0, on(x, I([1, 1, 3]))), x, grad=True)
-    same(lambda x, s: x.index_add(0, on(x, I([1, 2])), s), x, src, grad=True)
-    same(lambda x, s: x.index_copy(0, on(x, I([1, 2])), s), x, src, grad=True)
-    same(lambda x: x.index_fill(1, on(x, I([0])), 0.0), x, grad=True)
-    same_error(lambda x: x.index_select(0, on(x, I([4]))), x, match=True)
-    same_error(lambda x: x.index_select(0, on(x, I([-1]))), x, match=True)
-    same_error(lambda x, s: x.index_add(0, on(x, I([0, 4])), s), x, src, match=True)
-    same_error(lambda x, s: x.index_copy(0, on(x, I([-1, 0])), s), x, src, match=True)
-    same_error(lambda x: x.index_fill(0, on(x, I([4])), 1.0), x, match=True)
-    same_error(lambda x: x.index_fill(0, on(x, I([-5])), 1.0), x, match=True)
+    same(lambda x: x.index_select(0, on(x, T([1, 1, 3]))), x, grad=True)
+    same(lambda x, s: x.index_add(0, on(x, T([1, 2])), s), x, src, grad=True)
+    same(lambda x, s: x.index_copy(0, on(x, T([1, 2])), s), x, src, grad=True)
+    same(lambda x: x.index_fill(1, on(x, T([0])), 0.0), x, grad=True)
+    same_error(lambda x: x.index_select(0, on(x, T([4]))), x, match=True)
+    same_error(lambda x: x.index_select(0, on(x, T([-1]))), x, match=True)
+    same_error(lambda x, s: x.index_add(0, on(x, T([0, 4])), s), x, src, match=True)
+    same_error(lambda x, s: x.index_copy(0, on(x, T([-1, 0])), s), x, src, match=True)
+    same_error(lambda x: x.index_fill(0, on(x, T([4])), 1.0), x, match=True)
+    same_error(lambda x: x.index_fill(0, on(x, T([-5])), 1.0), x, match=True)
 
 
 def test_take_and_take_along_dim():
     x = torch.randn(3, 4)
-    same(lambda x: x.take(on(x, I([0, -1, 5]))), x)
-    same(lambda x: x.t().take(on(x, I([[1, 2], [3, 11]]))), x)
-    same(lambda x: x.take(on(x, I([0, 5]))), x, grad=True)
-    same_error(lambda x: x.take(on(x, I([12]))), x, match=True)
-    same_error(lambda x: x.take(on(x, I([-13]))), x, match=True)
+    same(lambda x: x.take(on(x, T([0, -1, 5]))), x)
+    same(lambda x: x.t().take(on(x, T([[1, 2], [3, 11]]))), x)
+    same(lambda x: x.take(on(x, T([0, 5]))), x, grad=True)
+    same_error(lambda x: x.take(on(x, T([12]))), x, match=True)
+    same_error(lambda x: x.take(on(x, T([-13]))), x, match=True)
     idx = x.argsort(1)
     same(lambda x: torch.take_along_dim(x, idx.to(x.device), 1), x)
 
 
 def test_embedding():
     w = torch.randn(6, 3)
-    idx = I([[0, 2, 5], [2, 2, 1]])
+    idx = T([[0, 2, 5], [2, 2, 1]])
     same(lambda w: F.embedding(idx.to(w.device), w), w, grad=True)
     same(lambda w: F.embedding(idx.to(w.device), w, padding_idx=2), w, grad=True)
-    same_error(lambda w: F.embedding(I([6]).to(w.device), w), w, match=True)
+    same_error(lambda w: F.embedding(T([6]).to(w.device), w), w, match=True)
 
 
 # ---- masks / nonzero -------------------------------------------------------------------------
@@ -696,16 +696,16 @@ def test_unique_nan():
 @pytest.mark.parametrize("include_self", [True, False])
 def test_index_reduce(reduce, include_self):
     x, src = torch.randn(4, 3), torch.randn(3, 3)
-    same(lambda x, s: x.index_reduce(0, on(x, I([0, 2, 0])), s, reduce, include_self=include_self), x, src)
-    same(lambda x, s: x.t().index_reduce_(1, on(x, I([3, 3, 1])), s, reduce), x, src)  # through a view
+    same(lambda x, s: x.index_reduce(0, on(x, T([0, 2, 0])), s, reduce, include_self=include_self), x, src)
+    same(lambda x, s: x.t().index_reduce_(1, on(x, T([3, 3, 1])), s, reduce), x, src)  # through a view
 
 
 def test_repeat_interleave():
     x = torch.arange(6.0).reshape(3, 2)
-    same(lambda r: torch.repeat_interleave(r), I([1, 0, 2]))
-    same(lambda x: x.repeat_interleave(on(x, I([1, 0, 2])), 0), x, grad=True)
+    same(lambda r: torch.repeat_interleave(r), T([1, 0, 2]))
+    same(lambda x: x.repeat_interleave(on(x, T([1, 0, 2])), 0), x, grad=True)
     same(lambda x: x.repeat_interleave(2, 1), x)
-    same(lambda x: x.repeat_interleave(on(x, I([2, 1])), dim=1, output_size=3), x)
-    same(lambda r: torch.repeat_interleave(r[:0]), I([1]))
-    same_error(lambda r: torch.repeat_interleave(r), I([1, -1]), match=True)
-    same_error(lambda r: torch.repeat_interleave(r, output_size=4), I([1, 2]), match=True)
+    same(lambda x: x.repeat_interleave(on(x, T([2, 1])), dim=1, output_size=3), x)
+    same(lambda r: torch.repeat_interleave(r[:0]), T([1]))
+    same_error(lambda r: torch.repeat_interleave(r), T([1, -1]), match=True)
+    same_error(lambda r: torch.repeat_interleave(r, output_size=4), T([1, 2]), match=True)

@@ -16,9 +16,42 @@ from torch_tpu.ops import registry
 # shape, indexing): their fallbacks are tolerated only while no overload of
 # theirs is lowered, so the check tightens to "no fallbacks" as those land.
 FOREIGN = {
-    "abs", "add", "any", "arange", "cat", "clamp", "div", "eq", "fill_", "gt", "index_fill_", "maximum", "mul",
-    "ne", "neg", "reciprocal", "relu", "sub", "sum", "threshold_backward", "tril", "triu", "where", "zero_",
-    "sqrt", "lerp", "addcmul", "addcdiv", "sign", "sgn", "exp", "log", "pow", "conj_physical", "stack", "tanh",
+    "abs",
+    "add",
+    "any",
+    "arange",
+    "cat",
+    "clamp",
+    "div",
+    "eq",
+    "fill_",
+    "gt",
+    "index_fill_",
+    "maximum",
+    "mul",
+    "ne",
+    "neg",
+    "reciprocal",
+    "relu",
+    "sub",
+    "sum",
+    "threshold_backward",
+    "tril",
+    "triu",
+    "where",
+    "zero_",
+    "sqrt",
+    "lerp",
+    "addcmul",
+    "addcdiv",
+    "sign",
+    "sgn",
+    "exp",
+    "log",
+    "pow",
+    "conj_physical",
+    "stack",
+    "tanh",
     "tanh_backward",
 }
 
@@ -91,8 +124,17 @@ def rand(*shape, dtype=torch.float32):
 
 @pytest.mark.parametrize(
     "a,b",
-    [((3, 4), (4, 5)), ((4,), (4,)), ((3, 4), (4,)), ((4,), (4, 3)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4,)),
-     ((4,), (2, 4, 3)), ((2, 1, 3, 4), (5, 4, 2)), ((2, 3, 4), (4, 5))],
+    [
+        ((3, 4), (4, 5)),
+        ((4,), (4,)),
+        ((3, 4), (4,)),
+        ((4,), (4, 3)),
+        ((2, 3, 4), (2, 4, 5)),
+        ((2, 3, 4), (4,)),
+        ((4,), (2, 4, 3)),
+        ((2, 1, 3, 4), (5, 4, 2)),
+        ((2, 3, 4), (4, 5)),
+    ],
 )
 def test_matmul_shapes(a, b):
     compare(torch.matmul, rand(*a), rand(*b))
@@ -108,8 +150,14 @@ def test_mm_dtypes_and_noncontiguous(dtype):
 
 
 def test_matmul_bfloat16():
-    compare(torch.matmul, rand(2, 8, 16, dtype=torch.bfloat16), rand(16, 4, dtype=torch.bfloat16), grad=False,
-            rtol=2e-2, atol=2e-2)
+    compare(
+        torch.matmul,
+        rand(2, 8, 16, dtype=torch.bfloat16),
+        rand(16, 4, dtype=torch.bfloat16),
+        grad=False,
+        rtol=2e-2,
+        atol=2e-2,
+    )
 
 
 def test_addmm_family():
@@ -171,10 +219,8 @@ def test_lu_family():
     lu, piv = torch.linalg.lu_factor(a)
     compare(lambda lu, piv: torch.lu_unpack(lu, piv), lu, piv, grad=False)
     compare(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b), lu, rand(2, 4, 2))
-    compare(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b, adjoint=True), lu, rand(2, 4, 2),
-            grad=False)
-    compare(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b, left=False), lu, rand(2, 3, 4),
-            grad=False)
+    compare(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b, adjoint=True), lu, rand(2, 4, 2), grad=False)
+    compare(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b, left=False), lu, rand(2, 3, 4), grad=False)
 
 
 def test_cholesky_and_triangular():
@@ -218,8 +264,13 @@ def test_matrix_exp_cross_householder_cholesky_inverse():
     compare(torch.linalg.cross, rand(4, 3), rand(1, 3))
     compare(lambda a, b: torch.linalg.cross(a, b, dim=0), rand(3, 2), rand(3, 2))
     compare(lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a)), spd(3, 3), rtol=1e-4, atol=1e-5)
-    compare(lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a, upper=True), upper=True), spd(3, 3),
-            rtol=1e-4, atol=1e-5, grad=False)
+    compare(
+        lambda a: torch.cholesky_inverse(torch.linalg.cholesky(a, upper=True), upper=True),
+        spd(3, 3),
+        rtol=1e-4,
+        atol=1e-5,
+        grad=False,
+    )
     compare(torch.linalg.householder_product, rand(4, 3), rand(2), grad=False)
 
 
@@ -249,15 +300,17 @@ def _train(model, device, make_opt, steps=3, clip=None):
 OPTIMIZERS = {
     "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     "sgd_momentum_foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-2, foreach=True),
-    "sgd_nesterov_loop": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2,
-                                                   foreach=False),
+    "sgd_nesterov_loop": lambda p: torch.optim.SGD(
+        p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2, foreach=False
+    ),
     "sgd_fused": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2, fused=True),
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
     "adamw_foreach_amsgrad": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True, amsgrad=True),
     "adamw_loop": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False, fused=False),
     "adamw_fused": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
-    "adamw_fused_amsgrad_tensor_lr": lambda p: torch.optim.AdamW(p, lr=torch.tensor(1e-2), fused=True, amsgrad=True,
-                                                                 maximize=True),
+    "adamw_fused_amsgrad_tensor_lr": lambda p: torch.optim.AdamW(
+        p, lr=torch.tensor(1e-2), fused=True, amsgrad=True, maximize=True
+    ),
     "adam_fused_l2": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1, fused=True),
     "adam_foreach_l2": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1, foreach=True),
 }
@@ -376,8 +429,11 @@ def test_foreach_inplace_into_views():
         return [t[:, :3], t[1:, 3:]]
 
     tpu_base = base.to("tpu")
-    native_only(lambda: torch._foreach_add_(views(tpu_base), [torch.ones(4, 3, device="tpu"),
-                                                              torch.ones(3, 3, device="tpu")], alpha=2))
+    native_only(
+        lambda: torch._foreach_add_(
+            views(tpu_base), [torch.ones(4, 3, device="tpu"), torch.ones(3, 3, device="tpu")], alpha=2
+        )
+    )
     torch._foreach_add_(views(base), [torch.ones(4, 3), torch.ones(3, 3)], alpha=2)
     torch.testing.assert_close(tpu_base.cpu(), base)
 
@@ -385,8 +441,14 @@ def test_foreach_inplace_into_views():
 def test_foreach_unary_and_norm():
     a = _lists()
     pos = [t.abs() + 0.1 for t in a]
-    for fn in (torch._foreach_neg, torch._foreach_abs, torch._foreach_sign, torch._foreach_exp, torch._foreach_tanh,
-               torch._foreach_sigmoid):
+    for fn in (
+        torch._foreach_neg,
+        torch._foreach_abs,
+        torch._foreach_sign,
+        torch._foreach_exp,
+        torch._foreach_tanh,
+        torch._foreach_sigmoid,
+    ):
         _check_foreach(fn, a, rtol=1e-6, atol=1e-6)
     for fn in (torch._foreach_sqrt, torch._foreach_reciprocal, torch._foreach_log, torch._foreach_rsqrt):
         _check_foreach(fn, pos, rtol=1e-6, atol=1e-6)

@@ -13,9 +13,37 @@ from torch_tpu.ops import registry
 # indexing): their fallbacks are tolerated only while no overload of theirs is
 # lowered, so the check tightens to "no fallbacks" as those modules land.
 FOREIGN = {
-    "abs", "add", "any", "arange", "div", "eq", "fill_", "gather", "index_select", "masked_fill_",
-    "masked_select", "mean", "bitwise_not", "mul", "ne", "neg", "sgn", "sigmoid", "sigmoid_backward", "sub", "sum",
-    "where", "zero_", "exp", "log", "clone", "copy_", "ones_like", "zeros_like", "expand", "select",
+    "abs",
+    "add",
+    "any",
+    "arange",
+    "div",
+    "eq",
+    "fill_",
+    "gather",
+    "index_select",
+    "masked_fill_",
+    "masked_select",
+    "mean",
+    "bitwise_not",
+    "mul",
+    "ne",
+    "neg",
+    "sgn",
+    "sigmoid",
+    "sigmoid_backward",
+    "sub",
+    "sum",
+    "where",
+    "zero_",
+    "exp",
+    "log",
+    "clone",
+    "copy_",
+    "ones_like",
+    "zeros_like",
+    "expand",
+    "select",
 }
 
 
@@ -44,6 +72,7 @@ def _as_tuple(x):
 
 def compare(fn, *inputs, grad=True, rtol=1e-5, atol=1e-5, seed=0):
     """fn(*inputs) and, for float inputs, its vjp with a random cotangent: tpu vs CPU."""
+
     def prepare(device):
         out = []
         for x in inputs:
@@ -108,7 +137,11 @@ def test_conv2d(cin, cout, k, stride, padding, dilation, groups, bias):
     b = rand(cout) if bias else None
     compare(
         lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups),
-        x, w, b, rtol=1e-4, atol=1e-4,
+        x,
+        w,
+        b,
+        rtol=1e-4,
+        atol=1e-4,
     )
 
 
@@ -118,25 +151,44 @@ def test_conv2d_noncontiguous_input():
 
 
 def test_conv1d_and_conv3d():
-    compare(lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1), rand(2, 3, 11), rand(4, 3, 3), rand(4),
-            rtol=1e-4, atol=1e-4)
-    compare(lambda x, w: F.conv3d(x, w, padding=1, groups=2), rand(1, 4, 4, 5, 3), rand(2, 2, 3, 3, 3),
-            rtol=1e-4, atol=1e-4)
+    compare(
+        lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1),
+        rand(2, 3, 11),
+        rand(4, 3, 3),
+        rand(4),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    compare(
+        lambda x, w: F.conv3d(x, w, padding=1, groups=2), rand(1, 4, 4, 5, 3), rand(2, 2, 3, 3, 3), rtol=1e-4, atol=1e-4
+    )
 
 
-@pytest.mark.parametrize("stride,padding,output_padding,groups,dilation", [(2, 1, 1, 1, 1), (1, 0, 0, 2, 1), (3, 2, 2, 1, 2)])
+@pytest.mark.parametrize(
+    "stride,padding,output_padding,groups,dilation", [(2, 1, 1, 1, 1), (1, 0, 0, 2, 1), (3, 2, 2, 1, 2)]
+)
 def test_conv_transpose2d(stride, padding, output_padding, groups, dilation):
     x, w = rand(2, 4, 5, 4), rand(4, 3, 3, 3)
     compare(
-        lambda x, w, b: F.conv_transpose2d(x, w, b, stride=stride, padding=padding, output_padding=output_padding,
-                                           groups=groups, dilation=dilation),
-        x, w, rand(3 * groups), rtol=1e-4, atol=1e-4,
+        lambda x, w, b: F.conv_transpose2d(
+            x, w, b, stride=stride, padding=padding, output_padding=output_padding, groups=groups, dilation=dilation
+        ),
+        x,
+        w,
+        rand(3 * groups),
+        rtol=1e-4,
+        atol=1e-4,
     )
 
 
 def test_conv_transpose1d():
-    compare(lambda x, w: F.conv_transpose1d(x, w, stride=2, output_padding=1), rand(2, 3, 6), rand(3, 2, 4),
-            rtol=1e-4, atol=1e-4)
+    compare(
+        lambda x, w: F.conv_transpose1d(x, w, stride=2, output_padding=1),
+        rand(2, 3, 6),
+        rand(3, 2, 4),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_conv2d_bfloat16():
@@ -153,16 +205,17 @@ def test_conv2d_bfloat16():
 )
 def test_max_pool2d(k, stride, padding, dilation, ceil_mode):
     x = rand(2, 3, 9, 8)
-    compare(
-        lambda x: F.max_pool2d(x, k, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=True), x
-    )
+    compare(lambda x: F.max_pool2d(x, k, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=True), x)
 
 
 def test_max_pool2d_ties_and_3d_input():
     x = torch.tensor([[[1.0, 1.0, 0.0], [1.0, -float("inf"), 2.0], [2.0, 2.0, 2.0]]])  # (1, 3, 3), ties
     compare(lambda x: F.max_pool2d(x, 2, 1, return_indices=True), x)
-    compare(lambda x: F.max_pool2d(x, 3, 2, padding=1, return_indices=True), torch.full((1, 1, 4, 4), -float("inf")),
-            grad=False)
+    compare(
+        lambda x: F.max_pool2d(x, 3, 2, padding=1, return_indices=True),
+        torch.full((1, 1, 4, 4), -float("inf")),
+        grad=False,
+    )
 
 
 def test_max_pool_int_and_3d():
@@ -173,8 +226,13 @@ def test_max_pool_int_and_3d():
 
 @pytest.mark.parametrize(
     "k,stride,padding,ceil_mode,count_include_pad,divisor_override",
-    [(2, None, 0, False, True, None), (3, 2, 1, False, True, None), (3, 2, 1, True, False, None),
-     (3, 2, 1, True, True, None), (2, 1, 1, False, True, 3)],
+    [
+        (2, None, 0, False, True, None),
+        (3, 2, 1, False, True, None),
+        (3, 2, 1, True, False, None),
+        (3, 2, 1, True, True, None),
+        (2, 1, 1, False, True, 3),
+    ],
 )
 def test_avg_pool2d(k, stride, padding, ceil_mode, count_include_pad, divisor_override):
     compare(
@@ -271,8 +329,10 @@ def test_binary_cross_entropy(reduction):
     compare(lambda p: F.binary_cross_entropy(p, on(t, p), on(w, p), reduction=reduction), p)
     x = rand(4, 5)
     compare(lambda x: F.binary_cross_entropy_with_logits(x, on(t, x), reduction=reduction), x)
-    compare(lambda x: F.binary_cross_entropy_with_logits(x, on(t, x), on(w, x), reduction=reduction,
-                                                         pos_weight=on(pw, x)), x)
+    compare(
+        lambda x: F.binary_cross_entropy_with_logits(x, on(t, x), on(w, x), reduction=reduction, pos_weight=on(pw, x)),
+        x,
+    )
 
 
 # ---- normalization ----------------------------------------------------------
@@ -306,7 +366,9 @@ def test_batch_norm_train_updates_running_stats(shape):
 def test_batch_norm_eval_and_no_stats():
     x = rand(4, 3, 5)
     rm, rv = rand(3), torch.rand(3) + 0.5
-    compare(lambda x, w, b: F.batch_norm(x, rm.to(x.device), rv.to(x.device), w, b, training=False), x, rand(3), rand(3))
+    compare(
+        lambda x, w, b: F.batch_norm(x, rm.to(x.device), rv.to(x.device), w, b, training=False), x, rand(3), rand(3)
+    )
     compare(lambda x: F.batch_norm(x, None, None, training=True), x)
 
 
@@ -370,8 +432,13 @@ def test_upsample_1d_3d():
 def test_grid_sample(mode, padding_mode, align_corners):
     x = rand(2, 3, 5, 4)
     grid = torch.rand(2, 3, 6, 2) * 2.4 - 1.2
-    compare(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
-            x, grid, rtol=1e-4, atol=1e-4)
+    compare(
+        lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
+        x,
+        grid,
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, 0.5, float("inf")])
@@ -406,10 +473,12 @@ def test_adaptive_max_pool3d_and_unpool():
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_upsample_bicubic_and_nearest_exact(align_corners):
     x = rand(2, 3, 4, 5)
-    compare(lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", align_corners=align_corners), x, rtol=1e-4,
-            atol=1e-5)
-    compare(lambda x: F.interpolate(x, size=(3, 7), mode="bicubic", align_corners=align_corners), x, rtol=1e-4,
-            atol=1e-5)
+    compare(
+        lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", align_corners=align_corners), x, rtol=1e-4, atol=1e-5
+    )
+    compare(
+        lambda x: F.interpolate(x, size=(3, 7), mode="bicubic", align_corners=align_corners), x, rtol=1e-4, atol=1e-5
+    )
     compare(lambda x: F.interpolate(x, scale_factor=1.7, mode="nearest-exact"), x)
     compare(lambda x: F.interpolate(x, size=(3, 2), mode="nearest-exact"), x)
     compare(lambda x: F.interpolate(x, size=7, mode="nearest-exact"), rand(2, 3, 5))
@@ -424,8 +493,10 @@ def test_margin_losses(reduction):
     compare(lambda x: F.multi_margin_loss(x, y.to(x.device), weight=w.to(x.device), reduction=reduction), x)
     target = torch.tensor([[3, 0, -1, 1, 2], [1, 2, 3, -1, 0], [4, 4, -1, 0, 0], [-1, 1, 2, 3, 4]])
     compare(lambda x: F.multilabel_margin_loss(x, target.to(x.device), reduction=reduction), x)
-    compare(lambda x: F.multilabel_margin_loss(x, torch.tensor([2, 0, -1, 1], device=x.device),
-                                               reduction=reduction), rand(4))
+    compare(
+        lambda x: F.multilabel_margin_loss(x, torch.tensor([2, 0, -1, 1], device=x.device), reduction=reduction),
+        rand(4),
+    )
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
@@ -440,12 +511,14 @@ def test_embedding_bag(mode):
     compare(lambda w: F.embedding_bag(on(idx, w), w, on(offsets, w), mode=mode), w)
     compare(lambda w: F.embedding_bag(on(idx, w), w, on(offsets, w), mode=mode, padding_idx=2), w)
     compare(lambda w: F.embedding_bag(on(idx[:6].reshape(2, 3), w), w, mode=mode), w)
-    compare(lambda w: F.embedding_bag(on(idx, w), w, on(torch.tensor([0, 3, 7]), w), mode=mode,
-                                      include_last_offset=True), w)
+    compare(
+        lambda w: F.embedding_bag(on(idx, w), w, on(torch.tensor([0, 3, 7]), w), mode=mode, include_last_offset=True), w
+    )
     if mode == "sum":
         psw = torch.rand(7)
-        compare(lambda w, psw: F.embedding_bag(on(idx, w), w, on(offsets, w), mode="sum", per_sample_weights=psw),
-                w, psw)
+        compare(
+            lambda w, psw: F.embedding_bag(on(idx, w), w, on(offsets, w), mode="sum", per_sample_weights=psw), w, psw
+        )
 
         # CPU mis-scales rows next to repeated ones (row 3 here gets 1/2): check against the definition.
         def scaled_grad(w):
@@ -463,8 +536,18 @@ def test_embedding_bag(mode):
 
 @pytest.mark.parametrize(
     "name",
-    ["max_pool", "avg_pool", "adaptive_avg", "batch_norm", "group_norm", "cross_entropy", "mse", "bilinear",
-     "conv_transpose", "embedding"],
+    [
+        "max_pool",
+        "avg_pool",
+        "adaptive_avg",
+        "batch_norm",
+        "group_norm",
+        "cross_entropy",
+        "mse",
+        "bilinear",
+        "conv_transpose",
+        "embedding",
+    ],
 )
 def test_bfloat16(name):
     x = rand(2, 4, 6, 6, dtype=torch.bfloat16)
@@ -474,8 +557,9 @@ def test_bfloat16(name):
         "adaptive_avg": lambda x: F.adaptive_avg_pool2d(x, (4, 3)),
         "batch_norm": lambda x: F.batch_norm(x, None, None, training=True),
         "group_norm": lambda x: F.group_norm(x, 2),
-        "cross_entropy": lambda x: F.cross_entropy(x, torch.randint(0, 4, (2, 6, 6), generator=torch.Generator()
-                                                                    .manual_seed(0)).to(x.device)),
+        "cross_entropy": lambda x: F.cross_entropy(
+            x, torch.randint(0, 4, (2, 6, 6), generator=torch.Generator().manual_seed(0)).to(x.device)
+        ),
         "mse": lambda x: F.mse_loss(x, torch.ones_like(x)),
         "bilinear": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
         "conv_transpose": lambda x: F.conv_transpose2d(x, torch.ones(4, 2, 3, 3, dtype=x.dtype, device=x.device)),
@@ -496,8 +580,14 @@ def test_ctc_loss(targets, target_lengths, input_lengths, reduction, zero_infini
     targets = torch.tensor(targets)
 
     def loss(x):
-        return F.ctc_loss(x.log_softmax(2), targets.to(x.device), torch.tensor(input_lengths),
-                          torch.tensor(target_lengths), reduction=reduction, zero_infinity=zero_infinity)
+        return F.ctc_loss(
+            x.log_softmax(2),
+            targets.to(x.device),
+            torch.tensor(input_lengths),
+            torch.tensor(target_lengths),
+            reduction=reduction,
+            zero_infinity=zero_infinity,
+        )
 
     compare(loss, rand(7, 3, 5))
 
@@ -506,8 +596,13 @@ def test_fractional_max_pool2d():
     samples = torch.rand(2, 3, 2)
 
     def pool(x, kernel, out):
-        return F.fractional_max_pool2d(x, kernel, output_size=out, return_indices=True,
-                                       _random_samples=samples.to(x.device)[: x.shape[0] if x.ndim == 4 else 1])
+        return F.fractional_max_pool2d(
+            x,
+            kernel,
+            output_size=out,
+            return_indices=True,
+            _random_samples=samples.to(x.device)[: x.shape[0] if x.ndim == 4 else 1],
+        )
 
     compare(lambda x: pool(x, 2, (4, 5)), rand(2, 3, 7, 8))
     compare(lambda x: pool(x, (3, 2), (3, 1)), rand(2, 3, 7, 8))

@@ -35,7 +35,8 @@ def test_distribution_metadata_and_entry_points():
 def test_subprocesses_see_the_wheel_too():
     proc = subprocess.run(
         [sys.executable, "-c", "import torch_tpu, os; print(os.path.dirname(torch_tpu.__file__))"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == os.path.join(_site(), "torch_tpu")

@@ -50,7 +50,7 @@ def sync() -> None:
 
 
 def platform() -> str:
-    """"tpu", "cuda" or "cpu": the PJRT client tpu tensors run on."""
+    """ "tpu", "cuda" or "cpu": the PJRT client tpu tensors run on."""
     return _client.platform()
 
 

@@ -124,7 +124,7 @@ def memory_stats(device: DeviceLike = None) -> dict[str, int]:
     stats = dict(_C._memory_stats(index))
     try:
         runtime = client.jax_device(index).memory_stats() or {}
-    except Exception:  # noqa: BLE001 - not every PJRT client reports memory
+    except Exception:
         runtime = {}
     for key, value in runtime.items():
         stats[f"device.{key}"] = value

@@ -1,6 +1,6 @@
 """Train a small character-level GPT on tpu and print the losses.
 
-    python examples/mingpt/train.py --steps 20 [--check] [--device cpu]
+python examples/mingpt/train.py --steps 20 [--check] [--device cpu]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import this  # the Zen of Python: a small corpus that ships with Python
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig
 
 
 def corpus() -> torch.Tensor:

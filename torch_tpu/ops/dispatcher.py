@@ -31,7 +31,7 @@ _cache = ExecutableCache()
 
 
 class _TensorSlot:
-    __slots__ = ("index", "geom")
+    __slots__ = ("geom", "index")
 
     def __init__(self, index: int, geom):
         self.index = index
@@ -96,7 +96,7 @@ def tensor_geometry(t: torch.Tensor, buf: jax.Array):
 class _Call:
     """One call's flattened arguments: signature, jit inputs and tensors."""
 
-    __slots__ = ("inputs", "tensors", "device", "sig", "generator")
+    __slots__ = ("device", "generator", "inputs", "sig", "tensors")
 
     def __init__(self):
         self.inputs: list[Any] = []
@@ -131,8 +131,7 @@ class _Call:
                 self.tensors.append(x)
                 return ("scalar", x.dtype)
             raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{x.device} and tpu!"
+                f"Expected all tensors to be on the same device, but found at least two devices, {x.device} and tpu!"
             )
         if isinstance(x, (list, tuple)):
             return (type(x), tuple(self.walk(v) for v in x))
@@ -221,27 +220,35 @@ class _OpPlan:
                 self.returns.append(("fresh", fresh))
                 fresh += 1
         self.num_fresh = fresh
-        self.tensor_args = tuple(i for i, a in enumerate(schema.arguments) if str(a.type) in ("Tensor", "Optional[Tensor]"))
-        self._defaults = [
-            (a.name, _schema_default(a) if a.has_default_value() else None) for a in schema.arguments
-        ]
-        self.generator_index = next(
-            (i for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)), None
+        self.tensor_args = tuple(
+            i for i, a in enumerate(schema.arguments) if str(a.type) in ("Tensor", "Optional[Tensor]")
         )
+        self._defaults = [(a.name, _schema_default(a) if a.has_default_value() else None) for a in schema.arguments]
+        self.generator_index = next((i for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)), None)
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         """All arguments in schema order; omitted ones take their schema defaults
         (torch drops trailing arguments equal to their defaults before calling us)."""
         bound = list(args)
-        for name, default in self._defaults[len(args):]:
+        for name, default in self._defaults[len(args) :]:
             bound.append(kwargs.get(name, default))
         return bound
 
 
 # Schema defaults of ScalarType arguments are c10::ScalarType enum values (`dtype=4`).
 _SCALAR_TYPES = {
-    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
-    6: torch.float32, 7: torch.float64, 9: torch.complex64, 10: torch.complex128, 11: torch.bool, 15: torch.bfloat16,
+    0: torch.uint8,
+    1: torch.int8,
+    2: torch.int16,
+    3: torch.int32,
+    4: torch.int64,
+    5: torch.float16,
+    6: torch.float32,
+    7: torch.float64,
+    9: torch.complex64,
+    10: torch.complex128,
+    11: torch.bool,
+    15: torch.bfloat16,
 }
 
 
@@ -253,7 +260,7 @@ def _schema_default(arg):
 
 
 class _Entry:
-    __slots__ = ("run", "fresh_meta", "mutable_shapes", "mutable_specs", "out_tree")
+    __slots__ = ("fresh_meta", "mutable_shapes", "mutable_specs", "out_tree", "run")
 
     def __init__(self, run, fresh_meta, mutable_shapes):
         self.run = run
@@ -308,7 +315,9 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
     mutable_slots = _flatten_values([template[i] for i in plan.mutable])
     fn = lowering.fn
     functional_names = [n for n in plan.arg_names if n not in plan.out_names]
-    mutable_shapes = [None if m is None else tuple(m.shape) for m in _flatten_values([meta_args[i] for i in plan.mutable])]
+    mutable_shapes = [
+        None if m is None else tuple(m.shape) for m in _flatten_values([meta_args[i] for i in plan.mutable])
+    ]
     entry = _Entry(None, fresh_meta, mutable_shapes)
 
     def run(inputs, rng):
@@ -546,9 +555,7 @@ def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     key = ("write", g, value.shape, value.dtype)
     fn = _read_jit_cache.get(key)
     if fn is None:
-        fn = _read_jit_cache[key] = jax.jit(
-            lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes))
-        )
+        fn = _read_jit_cache[key] = jax.jit(lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes)))
     metrics.bump("executions")
     new = fn(buf, value)
     _C._set_buffer(t, new, t.dtype, new.shape[0])

@@ -142,7 +142,7 @@ def require(name: str, dtype: np.dtype, *, bool_ok=True, int_ok=True, float_ok=T
     dtype = np.dtype(dtype)
     ok = bool_ok if dtype == np.bool_ else int_ok if is_integral(dtype) else float_ok
     if not ok:
-        raise NotImplementedError(f'"{name}" not implemented for \'{type_name(dtype)}\'')
+        raise NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
 
 
 def _any_bool(*operands) -> bool:
@@ -876,5 +876,13 @@ def gelu_backward(grad_output, self, *, approximate="none"):
 
 
 __all__ = [
-    "cast", "float_dtype", "is_integral", "opmath", "promote", "require", "result_dtype", "to_float", "type_name",
+    "cast",
+    "float_dtype",
+    "is_integral",
+    "opmath",
+    "promote",
+    "require",
+    "result_dtype",
+    "to_float",
+    "type_name",
 ]

@@ -37,8 +37,14 @@ def _scalar_dtype(*values, dtype=None) -> np.dtype:
 
 
 _C_TYPE_NAMES = {
-    np.float16: "c10::Half", np.float32: "float", np.float64: "double", np.int8: "int8_t", np.int16: "int16_t",
-    np.int32: "int", np.int64: "int64_t", np.uint8: "uint8_t",
+    np.float16: "c10::Half",
+    np.float32: "float",
+    np.float64: "double",
+    np.int8: "int8_t",
+    np.int16: "int16_t",
+    np.int32: "int",
+    np.int64: "int64_t",
+    np.uint8: "uint8_t",
 }
 
 

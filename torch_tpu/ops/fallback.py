@@ -60,8 +60,8 @@ def cpu_fallback(op, args, kwargs):
     result = op(*cpu_args, **cpu_kwargs)
 
     # Write mutated arguments back to their tpu tensors.
-    bound = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
-    cpu_bound = list(cpu_args) + [cpu_kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    bound = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
+    cpu_bound = list(cpu_args) + [cpu_kwargs.get(a.name) for a in schema.arguments[len(args) :]]
     written: dict[frozenset, object] = {}
     for arg, original, cpu_value in zip(schema.arguments, bound, cpu_bound):
         if arg.alias_info is not None and arg.alias_info.is_write:

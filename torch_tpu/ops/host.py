@@ -78,4 +78,4 @@ def local_scalar_dense(self):
     return np.asarray(to_jax(self)).item()
 
 
-__all__ = ["cpu_to_jax", "jax_to_cpu", "from_jax"]
+__all__ = ["cpu_to_jax", "from_jax", "jax_to_cpu"]

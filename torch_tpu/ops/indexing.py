@@ -352,7 +352,7 @@ def _index_update(x, dim, index, value, how):
     ref = x.at[_along(axis, index)]
     value = jnp.asarray(value).astype(x.dtype)
     if value.ndim:
-        value = value.reshape(x.shape[:axis] + (index.size,) + x.shape[axis + 1 :])
+        value = value.reshape((*x.shape[:axis], index.size, *x.shape[axis + 1 :]))
     if how == "set":
         return ref.set(value).reshape(shape)
     return (ref.max(value) if x.dtype == jnp.bool_ else ref.add(value)).reshape(shape)
@@ -723,13 +723,13 @@ def _runs(x, dim, consecutive):
 def _gather_runs(s, perm, starts, count, dim, shape):
     """(unique values, inverse, counts); `shape` is the input's."""
     group = jnp.cumsum(starts) - 1
-    rows = jnp.zeros((count,) + s.shape[1:], s.dtype).at[group].set(s)
+    rows = jnp.zeros((count, *s.shape[1:]), s.dtype).at[group].set(s)
     counts = jnp.zeros((count,), jnp.int64).at[group].add(1)
     inverse = jnp.zeros(perm.shape, jnp.int64).at[perm].set(group)
     if dim is None:
         return rows.reshape(count), inverse.reshape(shape), counts
-    moved = (shape[dim],) + shape[:dim] + shape[dim + 1 :]
-    values = jnp.moveaxis(rows.reshape((count,) + moved[1:]), 0, dim)
+    moved = (shape[dim], *shape[:dim], *shape[dim + 1 :])
+    values = jnp.moveaxis(rows.reshape((count, *moved[1:])), 0, dim)
     return values, inverse, counts
 
 

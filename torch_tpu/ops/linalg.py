@@ -208,7 +208,7 @@ def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
 def _permute_rows(pivots, B):
     """P^T B for getrf pivots (applied as row swaps), batched like B."""
     perm = lax.linalg.lu_pivots_to_permutation(pivots - 1, B.shape[-2])
-    perm = jnp.broadcast_to(perm, B.shape[:-2] + (B.shape[-2],))
+    perm = jnp.broadcast_to(perm, (*B.shape[:-2], B.shape[-2]))
     return jnp.take_along_axis(B, perm[..., None], axis=-2)
 
 
@@ -347,7 +347,6 @@ def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
 def linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
     A, B = _broadcast_batch(self, B)
     return lax.linalg.triangular_solve(A, B, left_side=left, lower=not upper, unit_diagonal=unitriangular)
-
 
 
 @lower(aten.cholesky_inverse.default)

@@ -69,8 +69,15 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     preferred = jnp.float32 if _compute_dtype(out_dtype) != out_dtype else None
     if not transposed:
         out = lax.conv_general_dilated(
-            input, weight, stride, [(p, p) for p in padding], rhs_dilation=dilation, dimension_numbers=dn,
-            feature_group_count=groups, precision=_HIGHEST, preferred_element_type=preferred,
+            input,
+            weight,
+            stride,
+            [(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=dn,
+            feature_group_count=groups,
+            precision=_HIGHEST,
+            preferred_element_type=preferred,
         )
         return out.astype(out_dtype)
     # A transposed conv is the conv with a dilated input and the flipped, in/out-swapped kernel.
@@ -79,13 +86,18 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     w = weight.reshape(groups, cin // groups, cout_g, *kernel)
     w = jnp.swapaxes(w, 1, 2).reshape(groups * cout_g, cin // groups, *kernel)
     w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
-    pads = [
-        (d * (k - 1) - p, d * (k - 1) - p + op)
-        for k, p, d, op in zip(kernel, padding, dilation, output_padding)
-    ]
+    pads = [(d * (k - 1) - p, d * (k - 1) - p + op) for k, p, d, op in zip(kernel, padding, dilation, output_padding)]
     out = lax.conv_general_dilated(
-        input, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=dn,
-        feature_group_count=groups, precision=_HIGHEST, preferred_element_type=preferred,
+        input,
+        w,
+        (1,) * nd,
+        pads,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        dimension_numbers=dn,
+        feature_group_count=groups,
+        precision=_HIGHEST,
+        preferred_element_type=preferred,
     )
     return out.astype(out_dtype)
 
@@ -109,7 +121,7 @@ def convolution_backward(
     grad_input, grad_weight = vjp(grad_output.astype(input.dtype))
     grad_bias = None
     if output_mask[2]:
-        axes = (0,) + tuple(range(2, grad_output.ndim))
+        axes = (0, *tuple(range(2, grad_output.ndim)))
         grad_bias = jnp.sum(_up(grad_output), axis=axes)
     return (
         grad_input if output_mask[0] else None,
@@ -140,7 +152,9 @@ def _windows(x, nd, kernel, stride, padding, dilation, ceil_mode, fill):
     (..., K, *out); with a static (K, *out) mask of taps inside the input and
     their flat in-plane indices."""
     sizes = x.shape[-nd:]
-    outs = [_pool_out_size(s, k, p, st, d, ceil_mode) for s, k, p, st, d in zip(sizes, kernel, padding, stride, dilation)]
+    outs = [
+        _pool_out_size(s, k, p, st, d, ceil_mode) for s, k, p, st, d in zip(sizes, kernel, padding, stride, dilation)
+    ]
     lead = x.ndim - nd
     pads = [(0, 0, 0)] * lead
     for s, k, p, st, d, o in zip(sizes, kernel, padding, stride, dilation, outs):
@@ -271,7 +285,9 @@ def _linear_backward(f, grad_output, self):
 
 
 @lower(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+def avg_pool2d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
     return _linear_backward(
         lambda x: _avg_pool(2, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
         grad_output,
@@ -280,7 +296,9 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
 
 
 @lower(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+def avg_pool3d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
     return _linear_backward(
         lambda x: _avg_pool(3, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
         grad_output,
@@ -344,7 +362,7 @@ def _adaptive_max_pool(nd, self, output_size):
     # (..., o1, k1, o2, k2, ...) -> (..., k1, k2, ..., o1, o2, ...)
     g = self[(Ellipsis, *grids)]
     order = [2 * d + 1 for d in range(nd)] + [2 * d for d in range(nd)]
-    g = jnp.transpose(g, list(range(lead)) + [lead + i for i in order]).reshape(self.shape[:lead] + (-1,) + outs)
+    g = jnp.transpose(g, list(range(lead)) + [lead + i for i in order]).reshape((*self.shape[:lead], -1, *outs))
     flat = 0
     for size, grid in zip(sizes, grids):
         flat = flat * size + grid
@@ -397,7 +415,7 @@ def _im2col(x, kernel_size, dilation, padding, stride):
     kernel, stride, padding, dilation = _pool_params(2, kernel_size, stride, padding, dilation)
     taps, _, _ = _windows(x, 2, kernel, stride, padding, dilation, False, 0)  # (N, C, K, oh, ow)
     lead = x.shape[:-3]
-    return taps.reshape(lead + (x.shape[-3] * taps.shape[-3], -1))
+    return taps.reshape((*lead, x.shape[-3] * taps.shape[-3], -1))
 
 
 @lower(aten.im2col.default)
@@ -408,7 +426,7 @@ def im2col(self, kernel_size, dilation, padding, stride):
 @lower(aten.col2im.default)
 def col2im(self, output_size, kernel_size, dilation, padding, stride):
     k = math.prod(_ntuple(kernel_size, 2))
-    shape = self.shape[:-2] + (self.shape[-2] // k,) + tuple(_ntuple(output_size, 2))
+    shape = (*self.shape[:-2], self.shape[-2] // k, *tuple(_ntuple(output_size, 2)))
     _, vjp = jax.vjp(lambda x: _im2col(x, kernel_size, dilation, padding, stride), jnp.zeros(shape, self.dtype))
     return vjp(self)[0]
 
@@ -416,11 +434,11 @@ def col2im(self, output_size, kernel_size, dilation, padding, stride):
 def _fractional_starts(sample, size: int, out: int, k: int):
     """CPU's generate_intervals: window starts (..., out) from a sample in [0, 1)."""
     if out == 1:
-        return jnp.full(sample.shape + (1,), size - k, jnp.int32)
+        return jnp.full((*sample.shape, 1), size - k, jnp.int32)
     alpha = (size - k) / (out - 1)
     i = jnp.arange(out - 1, dtype=sample.dtype)
     starts = ((i + sample[..., None]) * alpha).astype(jnp.int32) - (sample * alpha).astype(jnp.int32)[..., None]
-    return jnp.concatenate([starts, jnp.full(sample.shape + (1,), size - k, jnp.int32)], axis=-1)
+    return jnp.concatenate([starts, jnp.full((*sample.shape, 1), size - k, jnp.int32)], axis=-1)
 
 
 @lower(aten.fractional_max_pool2d.default)
@@ -806,11 +824,20 @@ def _ctc_grad(grad, log_probs, targets, neg_log_likelihood, log_alpha, lengths, 
 
 # Eager: PyTorch has no meta kernel for _ctc_loss_backward.
 @lower(aten._ctc_loss_backward.default, eager=True)
-def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank,
-                      zero_infinity=False):
+def ctc_loss_backward(
+    grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False
+):
     lengths = (tuple(input_lengths), tuple(target_lengths))
-    out = _ctc_grad(to_jax(grad), to_jax(log_probs), to_jax(targets), to_jax(neg_log_likelihood), to_jax(log_alpha),
-                    lengths, blank, zero_infinity)
+    out = _ctc_grad(
+        to_jax(grad),
+        to_jax(log_probs),
+        to_jax(targets),
+        to_jax(neg_log_likelihood),
+        to_jax(log_alpha),
+        lengths,
+        blank,
+        zero_infinity,
+    )
     metrics.bump("executions")
     return from_jax(out, log_probs.device.index, log_probs.dtype)
 
@@ -862,7 +889,7 @@ def _channel(v, ndim):
 
 def _bn_train(input, weight, bias, eps):
     x = _up(input)
-    axes = (0,) + tuple(range(2, x.ndim))
+    axes = (0, *tuple(range(2, x.ndim)))
     mean, var = _moments(x, axes)
     invstd = lax.rsqrt(var + eps)
     out = (x - mean) * invstd
@@ -950,7 +977,7 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
 
 def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask):
     x, g = _up(input), _up(grad_out)
-    axes = (0,) + tuple(range(2, x.ndim))
+    axes = (0, *tuple(range(2, x.ndim)))
     if train:
         mean, invstd = _up(save_mean), _up(save_invstd)
     else:
@@ -961,8 +988,10 @@ def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, 
     grad_input = None
     if output_mask[0]:
         if train:
-            grad_input = w * invstd * (
-                g - jnp.mean(g, axis=axes, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=axes, keepdims=True)
+            grad_input = (
+                w
+                * invstd
+                * (g - jnp.mean(g, axis=axes, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=axes, keepdims=True))
             )
         else:
             grad_input = g * w * invstd
@@ -975,7 +1004,9 @@ def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, 
 def native_batch_norm_backward(
     grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
 ):
-    return _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+    return _bn_backward(
+        grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+    )
 
 
 @lower(aten.batch_norm_backward.default)
@@ -983,7 +1014,9 @@ def batch_norm_backward(
     grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve
 ):
     train = save_mean is not None and save_mean.size > 0
-    return _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask)
+    return _bn_backward(
+        grad_out, input, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask
+    )
 
 
 @lower(aten.native_group_norm.default)
@@ -1048,7 +1081,9 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, incl
     if mode == _BAG_MAX:
         masked = jnp.where(valid[:, None], rows, -jnp.inf)
         top = jax.ops.segment_max(masked, bag, num_segments=bags)
-        first = jnp.where(valid[:, None] & (masked == top[bag]), jnp.arange(indices.shape[0])[:, None], indices.shape[0])
+        first = jnp.where(
+            valid[:, None] & (masked == top[bag]), jnp.arange(indices.shape[0])[:, None], indices.shape[0]
+        )
         arg = jax.ops.segment_min(first, bag, num_segments=bags)
         empty = (bag_size[:bags] == 0)[:, None]
         max_indices = jnp.where(empty, 0, indices[jnp.clip(arg, 0, max(indices.shape[0] - 1, 0))])
@@ -1062,13 +1097,32 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, incl
 
 
 @lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG_SUM, sparse=False,
-                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=_BAG_SUM,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
 
 
-def _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
-                        per_sample_weights, padding_idx):
+def _embedding_bag_grad(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx,
+):
     g = _up(grad)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
     if mode == _BAG_MAX:
@@ -1087,19 +1141,61 @@ def _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, nu
 
 
 @lower(aten._embedding_bag_backward.default)
-def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
-                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+def embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
     if sparse:
         raise NotImplementedError("torch_tpu: sparse embedding_bag gradients are not supported on the tpu")
-    return _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                               scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return _embedding_bag_grad(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 @lower(aten._embedding_bag_dense_backward.default)
-def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
-    return _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                               scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+def embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    return _embedding_bag_grad(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 @lower(aten._embedding_bag_per_sample_weights_backward.default)
@@ -1483,4 +1579,3 @@ def cdist_backward(grad, x1, x2, p, cdist):
         local = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
         local = jnp.where((dist == 0) | ((diff == 0) & (p < 1)), 0, local)
     return jnp.sum(local * g, axis=-2).reshape(x1.shape)
-

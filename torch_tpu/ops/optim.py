@@ -433,8 +433,20 @@ def _skip_if_inf(found_inf, new, old):
     return [jnp.where(skip, o, n) for n, o in zip(new, old)]
 
 
-def _fused_sgd(self, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening, nesterov, maximize,
-               is_first_step, grad_scale, found_inf):
+def _fused_sgd(
+    self,
+    grads,
+    momentum_buffer_list,
+    weight_decay,
+    momentum,
+    lr,
+    dampening,
+    nesterov,
+    maximize,
+    is_first_step,
+    grad_scale,
+    found_inf,
+):
     params, new_grads, bufs = [], [], []
     for i, (p, g) in enumerate(zip(self, grads)):
         p32, g32 = _opmath(p), _opmath(g)
@@ -480,24 +492,64 @@ def _write_lists(lists, values):
 @functools.partial(jax.jit, static_argnums=0)
 def _fused_sgd_step(static, lists, lr, grad_scale, found_inf):
     weight_decay, momentum, dampening, nesterov, maximize, is_first_step = static
-    return _fused_sgd(*lists, weight_decay, momentum, lr.reshape(()), dampening, nesterov, maximize, is_first_step,
-                      grad_scale, found_inf)
+    return _fused_sgd(
+        *lists,
+        weight_decay,
+        momentum,
+        lr.reshape(()),
+        dampening,
+        nesterov,
+        maximize,
+        is_first_step,
+        grad_scale,
+        found_inf,
+    )
 
 
 @lower(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr, eager=True)
-def fused_sgd_(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
-               is_first_step, grad_scale=None, found_inf=None):
+def fused_sgd_(
+    self,
+    grads,
+    momentum_buffer_list,
+    *,
+    weight_decay,
+    momentum,
+    lr,
+    dampening,
+    nesterov,
+    maximize,
+    is_first_step,
+    grad_scale=None,
+    found_inf=None,
+):
     if not self:
         return
     lists = (self, grads, momentum_buffer_list)
     static = (weight_decay, momentum, dampening, nesterov, maximize, is_first_step)
-    values = _fused_sgd_step(static, [[to_jax(t) for t in ts] for ts in lists], _value(lr), _value(grad_scale),
-                             _value(found_inf))
+    values = _fused_sgd_step(
+        static, [[to_jax(t) for t in ts] for ts in lists], _value(lr), _value(grad_scale), _value(found_inf)
+    )
     _write_lists(lists, values)
 
 
-def _fused_adam(decoupled, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                weight_decay, eps, amsgrad, maximize, grad_scale, found_inf):
+def _fused_adam(
+    decoupled,
+    self,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale,
+    found_inf,
+):
     lr = lr.reshape(()).astype(jnp.float32)
     params, new_grads, avgs, sqs, maxes = [], [], [], [], []
     for i, (p, g, m, v, step) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs, state_steps)):
@@ -540,8 +592,9 @@ def _fused_adam_step(decoupled, static, lists, lr, grad_scale, found_inf):
     return _fused_adam(decoupled, *lists, lr, *static, grad_scale, found_inf)
 
 
-def _run_fused_adam(decoupled, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, static,
-                    grad_scale, found_inf):
+def _run_fused_adam(
+    decoupled, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, static, grad_scale, found_inf
+):
     if not self:
         return
     lists = (self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
@@ -551,17 +604,71 @@ def _run_fused_adam(decoupled, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_s
 
 
 @lower(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr, eager=True)
-def fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                 weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    _run_fused_adam(True, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
-                    (beta1, beta2, weight_decay, eps, amsgrad, maximize), grad_scale, found_inf)
+def fused_adamw_(
+    self,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    *,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale=None,
+    found_inf=None,
+):
+    _run_fused_adam(
+        True,
+        self,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        state_steps,
+        lr,
+        (beta1, beta2, weight_decay, eps, amsgrad, maximize),
+        grad_scale,
+        found_inf,
+    )
 
 
 @lower(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, eager=True)
-def fused_adam_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    _run_fused_adam(False, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
-                    (beta1, beta2, weight_decay, eps, amsgrad, maximize), grad_scale, found_inf)
+def fused_adam_(
+    self,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    *,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale=None,
+    found_inf=None,
+):
+    _run_fused_adam(
+        False,
+        self,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        state_steps,
+        lr,
+        (beta1, beta2, weight_decay, eps, amsgrad, maximize),
+        grad_scale,
+        found_inf,
+    )
 
 
 # ---- AMP gradient scaling ---------------------------------------------------

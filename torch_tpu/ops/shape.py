@@ -191,6 +191,6 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
     """Writes `src` through as_strided(size, stride, offset) of a contiguous copy of `x`."""
     flat = x.reshape(-1)
     index = jnp.full(tuple(size), storage_offset or 0, jnp.int64)
-    for d, (n, st) in enumerate(zip(size, stride)):
+    for d, (_n, st) in enumerate(zip(size, stride)):
         index = index + lax.broadcasted_iota(jnp.int64, tuple(size), d) * st
     return flat.at[index.reshape(-1)].set(src.astype(x.dtype).reshape(-1)).reshape(x.shape)

@@ -33,9 +33,7 @@ def _selected() -> tuple[str, tuple[jax.Device, ...]]:
     forced = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
     if forced:
         if forced not in _PLATFORMS:
-            raise RuntimeError(
-                f"TORCH_TPU_PLATFORM={forced!r} is not one of {', '.join(_PLATFORMS)}"
-            )
+            raise RuntimeError(f"TORCH_TPU_PLATFORM={forced!r} is not one of {', '.join(_PLATFORMS)}")
         found = _probe(forced)
         if not found:
             raise RuntimeError(f"TORCH_TPU_PLATFORM={forced!r} but no {forced} devices were found")
@@ -67,9 +65,7 @@ def devices() -> tuple[jax.Device, ...]:
 def jax_device(index: int) -> jax.Device:
     all_devices = devices()
     if not 0 <= index < len(all_devices):
-        raise RuntimeError(
-            f"tpu device index {index} is out of range: {len(all_devices)} tpu devices are visible"
-        )
+        raise RuntimeError(f"tpu device index {index} is out of range: {len(all_devices)} tpu devices are visible")
     return all_devices[index]
 
 
