@@ -850,3 +850,28 @@ def test_compiles_once_per_signature():
     counters = torch_tpu.metrics.counters()
     assert counters["op_compiles"] <= 1
     assert counters["op_cache_hits"] >= 5
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: a // b,
+        lambda a, b: a % b,
+        lambda a, b: torch.fmod(a, b),
+        lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+        lambda a, b: a // 0,
+        lambda a, b: 7 % b,
+    ],
+)
+def test_integer_division_by_zero_raises_like_cpu(fn):
+    a, b = torch.tensor([5, -7, 9]), torch.tensor([2, 0, 3])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(a, b)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(a.to("tpu"), b.to("tpu"))
+
+
+def test_integer_division_by_nonzero_matches_cpu():
+    a, b = torch.tensor([5, -7, 9]), torch.tensor([2, -3, 4])
+    for fn in (lambda a, b: a // b, lambda a, b: a % b, lambda a, b: torch.fmod(a, b)):
+        torch.testing.assert_close(fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a, b))

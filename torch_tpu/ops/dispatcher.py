@@ -450,8 +450,11 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     plan = _OpPlan(op, derived)
     if lowering.eager:
         return lowering.fn
+    check = lowering.check
 
     def kernel(*args, **kwargs):
+        if check is not None:
+            check(*args, **kwargs)
         bound = plan.bind(args, kwargs)
         _wrap_numbers(bound, plan.tensor_args)
         call = _Call()

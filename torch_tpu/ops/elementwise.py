@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torch_tpu import metrics
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 
@@ -238,24 +239,46 @@ def _divide_rounded(self, other, rounding_mode: str):
     return jnp.trunc(a / b) if rounding_mode == "trunc" else _floor_divide_float(a, b)
 
 
-@lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _is_integral(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return not (x.dtype.is_floating_point or x.dtype.is_complex)
+    return isinstance(x, int)
+
+
+def _integer_zero_division_check(self, other, rounding_mode="floor", **kwargs):
+    """Integer division by zero raises on CPU, where XLA would return garbage: one host sync."""
+    if rounding_mode is None or not (_is_integral(self) and _is_integral(other)):
+        return
+    if isinstance(other, torch.Tensor):
+        if other.numel() == 0:
+            return
+        if other.device.type == "tpu":
+            metrics.bump("host_transfers")
+        has_zero = bool((other == 0).any().item())
+    else:
+        has_zero = other == 0
+    if has_zero:
+        raise RuntimeError("ZeroDivisionError")
+
+
+@lower(aten.div.Tensor_mode, aten.div.Scalar_mode, check=_integer_zero_division_check)
 def div_mode(self, other, *, rounding_mode=None):
     if rounding_mode is None:
         return div(self, other)
     return _divide_rounded(self, other, rounding_mode)
 
 
-@lower(aten.floor_divide.default, aten.floor_divide.Scalar)
+@lower(aten.floor_divide.default, aten.floor_divide.Scalar, check=_integer_zero_division_check)
 def floor_divide(self, other):
     return _divide_rounded(self, other, "floor")
 
 
-@lower(aten.floor_divide_.Tensor, aten.floor_divide_.Scalar)
+@lower(aten.floor_divide_.Tensor, aten.floor_divide_.Scalar, check=_integer_zero_division_check)
 def floor_divide_(self, other):
     return floor_divide(self, other)
 
 
-@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, check=_integer_zero_division_check)
 def remainder(self, other):
     """Python's modulo: the result takes the divisor's sign."""
     dtype, (a, b) = promote(self, other)
@@ -266,7 +289,7 @@ def remainder(self, other):
     return jnp.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
 
 
-@lower(aten.fmod.Tensor, aten.fmod.Scalar)
+@lower(aten.fmod.Tensor, aten.fmod.Scalar, check=_integer_zero_division_check)
 def fmod(self, other):
     """C's fmod / %: the result takes the dividend's sign."""
     dtype, (a, b) = promote(self, other)

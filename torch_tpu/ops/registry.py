@@ -27,19 +27,24 @@ class Lowering:
     eager: bool = False
     # Receives a jax PRNG key as `rng=`, drawn from the op's tpu generator.
     random: bool = False
+    # Called with the op's own arguments before it runs; raises CPU's error for
+    # data-dependent failures jax cannot report (a host sync, so use sparingly).
+    check: Callable | None = None
 
 
 _TABLE: dict[OpOverload, Lowering] = {}
 
 
-def lower(*ops: OpOverload, eager: bool = False, random: bool = False) -> Callable:
+def lower(
+    *ops: OpOverload, eager: bool = False, random: bool = False, check: Callable | None = None
+) -> Callable:
     """Registers the decorated function as the lowering of `ops`."""
 
     def register(fn: Callable) -> Callable:
         for op in ops:
             if op in _TABLE:
                 raise ValueError(f"{op} is lowered twice")
-            _TABLE[op] = Lowering(fn, eager=eager, random=random)
+            _TABLE[op] = Lowering(fn, eager=eager, random=random, check=check)
         return fn
 
     return register
