@@ -35,9 +35,7 @@ class Lowering:
 _TABLE: dict[OpOverload, Lowering] = {}
 
 
-def lower(
-    *ops: OpOverload, eager: bool = False, random: bool = False, check: Callable | None = None
-) -> Callable:
+def lower(*ops: OpOverload, eager: bool = False, random: bool = False, check: Callable | None = None) -> Callable:
     """Registers the decorated function as the lowering of `ops`."""
 
     def register(fn: Callable) -> Callable:
