@@ -620,3 +620,19 @@ def test_batch_norm_functional_form():
             torch.testing.assert_close(g.cpu(), e)
         if training:
             torch.testing.assert_close(got[1].cpu(), expected[1])
+
+
+@pytest.mark.parametrize("shape,target", [((3, 4), [0, 5, 1]), ((3, 4), [0, -2, 1]), ((2, 4, 2), [[0, 1], [9, 2]])])
+def test_cross_entropy_target_out_of_range_raises_like_cpu(shape, target):
+    logits, target = torch.randn(shape), torch.tensor(target)
+    with pytest.raises(IndexError, match="out of bounds"):
+        F.cross_entropy(logits, target)
+    with pytest.raises(IndexError, match="out of bounds"):
+        F.cross_entropy(logits.to("tpu"), target.to("tpu"))
+
+
+def test_cross_entropy_ignore_index_is_not_out_of_range():
+    logits, target = torch.randn(3, 4), torch.tensor([0, -100, 3])
+    torch.testing.assert_close(
+        F.cross_entropy(logits.to("tpu"), target.to("tpu")).cpu(), F.cross_entropy(logits, target)
+    )

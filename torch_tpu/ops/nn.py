@@ -534,7 +534,26 @@ def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, to
     return jax.nn.one_hot(safe, self.shape[-1], dtype=scale.dtype) * scale[..., None]
 
 
-@lower(aten.nll_loss_forward.default)
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _first_bad_target(target, classes: int, ignore_index: int):
+    bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
+    flat = bad.reshape(-1)
+    return jnp.any(flat), target.reshape(-1)[jnp.argmax(flat)]
+
+
+def _check_targets(self, target, weight, reduction, ignore_index):
+    """CPU raises IndexError for a class target out of range; XLA would read garbage (one host sync)."""
+    if target.numel() == 0 or target.device.type != "tpu" or target.dtype not in (torch.int64, torch.int32):
+        return
+    classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
+    metrics.bump("executions")
+    metrics.bump("host_transfers")
+    any_bad, value = _first_bad_target(to_jax(target), int(classes), int(ignore_index))
+    if bool(any_bad):
+        raise IndexError(f"Target {int(value)} is out of bounds.")
+
+
+@lower(aten.nll_loss_forward.default, check=_check_targets)
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
     return _nll_forward(self, target, weight, reduction, ignore_index, batched=self.ndim == 2)
 
@@ -544,7 +563,7 @@ def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index
     return _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
 
 
-@lower(aten.nll_loss2d_forward.default)
+@lower(aten.nll_loss2d_forward.default, check=_check_targets)
 def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
     return _nll_forward(jnp.moveaxis(self, 1, -1), target, weight, reduction, ignore_index, batched=True)
 
