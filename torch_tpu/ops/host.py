@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from torch_tpu import metrics
-from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
-from torch_tpu.ops.dtypes import to_numpy_dtype
+from torch_tpu.ops.dispatcher import to_jax, write_jax
+from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import client
 
@@ -30,10 +30,7 @@ def cpu_to_jax(t: torch.Tensor, device: int) -> jax.Array:
 def jax_to_cpu(array: jax.Array) -> torch.Tensor:
     metrics.bump("host_transfers")
     host = np.asarray(array)
-    dtype = host.dtype
-    from torch_tpu.ops.dtypes import to_torch_dtype
-
-    torch_dtype = to_torch_dtype(dtype)
+    torch_dtype = to_torch_dtype(host.dtype)
     carrier = _BIT_CARRIERS.get(torch_dtype)
     if carrier:
         return torch.from_numpy(host.view(to_numpy_dtype(carrier)).copy()).view(torch_dtype)
@@ -78,4 +75,4 @@ def local_scalar_dense(self):
     return np.asarray(to_jax(self)).item()
 
 
-__all__ = ["cpu_to_jax", "from_jax", "jax_to_cpu"]
+__all__ = ["cpu_to_jax", "jax_to_cpu"]
