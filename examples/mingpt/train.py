@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
+import io
 import pathlib
 import sys
-import this  # the Zen of Python: a small corpus that ships with Python
 
 import torch
+
+with contextlib.redirect_stdout(io.StringIO()):  # importing `this` prints it
+    import this  # the Zen of Python: a small corpus that ships with Python
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from model import GPT, GPTConfig
