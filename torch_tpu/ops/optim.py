@@ -243,6 +243,8 @@ def foreach_lerp_scalar(self, tensors1, weight):
 # reuses the executable instead of compiling one per set of values.
 
 _PER_SCALAR = {
+    "add_scaled": lambda x, y, s: x + y * s,
+    "sub_scaled": lambda x, y, s: x - y * s,
     "add": lambda x, s: x + s,
     "sub": lambda x, s: x - s,
     "mul": lambda x, s: x * s,
@@ -307,12 +309,32 @@ def _register_per_scalar_functional(name: str, op):
     foreach_per_scalar.__name__ = f"foreach_{name}_per_scalar"
 
 
+def _register_scalar_as_traced(name: str, op, n_others: int, arg: str):
+    """In-place ops whose one Scalar (`alpha`, `value`, `weight`, the scalar itself) tracks the
+    learning rate: traced like a Scalar[] of that value, so an LR scheduler does not recompile."""
+
+    @lower(op, eager=True)
+    def foreach_traced_scalar_(self, *args, **kwargs):
+        others = args[:n_others]
+        rest = args[n_others:]
+        scalar = rest[0] if rest else kwargs.get(arg, 1)
+        for t, v in zip(self, _run_per_scalar(name, self, others, [scalar] * len(self))):
+            write_jax(t, v)
+
+    foreach_traced_scalar_.__name__ = f"foreach_{name}_traced_scalar_"
+
+
 for _name in ("add", "sub", "mul", "div"):
     _register_per_scalar_inplace(_name, getattr(aten, f"_foreach_{_name}_").ScalarList, 0)
+    _register_scalar_as_traced(_name, getattr(aten, f"_foreach_{_name}_").Scalar, 0, "scalar")
+_register_scalar_as_traced("add_scaled", aten._foreach_add_.List, 1, "alpha")
+_register_scalar_as_traced("sub_scaled", aten._foreach_sub_.List, 1, "alpha")
+_register_scalar_as_traced("lerp", aten._foreach_lerp_.Scalar, 1, "weight")
 _register_per_scalar_inplace("lerp", aten._foreach_lerp_.ScalarList, 1)
 for _name in ("addcmul", "addcdiv"):
     _register_per_scalar_inplace(_name, getattr(aten, f"_foreach_{_name}_").ScalarList, 2)
     _register_per_scalar_inplace(_name, getattr(aten, f"_foreach_{_name}_").Tensor, 2)
+    _register_scalar_as_traced(_name, getattr(aten, f"_foreach_{_name}_").Scalar, 2, "value")
     _register_per_scalar_functional(_name, getattr(aten, f"_foreach_{_name}").Tensor)
 
 
