@@ -11,67 +11,15 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
+from tests.helpers import same as _same
+from tests.helpers import tol_for
 
 NAN, INF = float("nan"), float("inf")
-# Ops outside this file's scope that autograd may reach (broadcast gradients are summed).
-_OTHER_AREAS = ("aten.sum", "aten.expand", "aten.as_strided")
-
-
-def _fallbacks() -> dict:
-    return {k: v for k, v in torch_tpu.metrics.counters()["cpu_fallback_ops"].items() if not k.startswith(_OTHER_AREAS)}
-
-
-def _tol(*tensors) -> dict:
-    dtypes = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
-    if dtypes & {torch.bfloat16, torch.float16}:
-        return {"rtol": 2e-2, "atol": 2e-2}
-    return {}
-
-
-def _tpu(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("tpu").requires_grad_(x.requires_grad)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_tpu(v) for v in x)
-    return x
-
-
-def _cpu(x):
-    if isinstance(x, torch.Tensor):
-        assert x.device.type == "tpu", f"expected a tpu result, got {x.device}"
-        return x.cpu()
-    if isinstance(x, (list, tuple)):
-        return type(x)(_cpu(v) for v in x)
-    return x
 
 
 def same(fn, *inputs, grad=False, **tol):
-    """fn on tpu copies of `inputs` equals fn on the CPU inputs (or raises the same
-    error), with no CPU fallback; with grad=True the float inputs' gradients match."""
-    cpu_in = [
-        x.detach().requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x for x in inputs
-    ]
-    tpu_in = [_tpu(x) for x in cpu_in]
-    try:
-        expected = fn(*cpu_in)
-    except Exception as e:
-        with pytest.raises(type(e)):
-            fn(*tpu_in)
-        return None
-    torch_tpu.metrics.reset()
-    got = fn(*tpu_in)
-    tol = tol or _tol(*inputs)
-    if grad:
-        cot = torch.randn(expected.shape, dtype=expected.dtype)
-        expected.backward(cot)
-        got.backward(cot.to("tpu"))
-    assert not _fallbacks(), f"ops fell back to CPU: {_fallbacks()}"
-    torch.testing.assert_close(_cpu(got), expected, equal_nan=True, **tol)
-    if grad:
-        for c, t in zip(cpu_in, tpu_in, strict=True):
-            if isinstance(c, torch.Tensor) and c.requires_grad:
-                torch.testing.assert_close(t.grad.cpu(), c.grad, equal_nan=True, **tol)
-    return got
+    """tests.helpers.same; without explicit tolerances, bfloat16/float16 inputs get tol_for's."""
+    return _same(fn, *inputs, grad=grad, **(tol or tol_for(*inputs)))
 
 
 def make(shape, dtype, low=-3.0, high=3.0, nonzero=False):

@@ -10,40 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_tpu
-
-
-def _fallbacks() -> dict:
-    return dict(torch_tpu.metrics.counters()["cpu_fallback_ops"])
+from tests.helpers import same as _same
 
 
 def same(fn, *inputs, **tol):
-    """fn(device, *inputs) on tpu equals it on CPU (or raises the same error), with no CPU fallback."""
-    try:
-        expected = fn("cpu", *inputs)
-    except Exception as e:
-        with pytest.raises(type(e)):
-            fn("tpu", *[x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs])
-        return None
-    tpu_inputs = [x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs]
-    torch_tpu.metrics.reset()
-    got = fn("tpu", *tpu_inputs)
-    assert not _fallbacks(), f"ops fell back to CPU: {_fallbacks()}"
-    results = got if isinstance(got, tuple) else (got,)
-    for r in results:
-        assert r.device.type == "tpu"
-    torch.testing.assert_close(
-        tuple(r.cpu() for r in results) if isinstance(got, tuple) else got.cpu(), expected, equal_nan=True, **tol
-    )
-    return got
-
-
-@pytest.fixture
-def native():
-    """Fails the test if anything it ran fell back to the CPU."""
-    torch_tpu.metrics.reset()
-    yield
-    assert not _fallbacks(), f"ops fell back to CPU: {_fallbacks()}"
+    """fn(device, *inputs) on tpu equals it on CPU: tests.helpers.same with device_arg=True."""
+    return _same(fn, *inputs, device_arg=True, **tol)
 
 
 # ---- factories --------------------------------------------------------------
@@ -94,7 +66,7 @@ def test_zeros_like_to_another_device():
 
 
 @pytest.mark.parametrize("data", [[1, 2, 3], [1.5, -2.0], [[True, False]], 3.25, [[1, 2], [3, 4]]], ids=str)
-def test_tensor_constructor(data, native):
+def test_tensor_constructor(data, no_fallbacks):
     for dtype in (None, torch.float64, torch.int32):
         t = torch.tensor(data, dtype=dtype, device="tpu")
         expected = torch.tensor(data, dtype=dtype)
@@ -219,7 +191,7 @@ def test_dtype_casts(source, dtype):
     same(lambda d, x: x.t().to(dtype) if x.dim() == 2 else x[::2].to(dtype), x)
 
 
-def test_cast_methods(native):
+def test_cast_methods(no_fallbacks):
     x = torch.tensor([[1.5, -2.5], [3.0, 0.0]])
     t = x.to("tpu")
     for name in ("double", "float", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool"):
@@ -292,7 +264,7 @@ SAMPLERS = {
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
-def test_same_seed_same_numbers(name, native):
+def test_same_seed_same_numbers(name, no_fallbacks):
     sample = SAMPLERS[name]
     torch.manual_seed(0)
     a = sample()
@@ -342,7 +314,7 @@ def _moments(x: torch.Tensor) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-def test_uniform(dtype, native):
+def test_uniform(dtype, no_fallbacks):
     x = torch.rand(N, device="tpu", dtype=dtype)
     assert x.dtype == dtype and x.shape == (N,)
     c = x.cpu().float()
@@ -355,14 +327,14 @@ def test_uniform(dtype, native):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_normal(dtype, native):
+def test_normal(dtype, no_fallbacks):
     mean, std = _moments(torch.randn(N, device="tpu", dtype=dtype))
     assert abs(mean) < 0.05 and abs(std - 1) < 0.05
     mean, std = _moments(torch.empty(N, device="tpu", dtype=dtype).normal_(3, 0.5))
     assert abs(mean - 3) < 0.05 and abs(std - 0.5) < 0.05
 
 
-def test_normal_tensor_overloads(native):
+def test_normal_tensor_overloads(no_fallbacks):
     m = torch.full((N,), 4.0, device="tpu")
     s = torch.full((N,), 0.25, device="tpu")
     for x, (em, es) in (
@@ -375,7 +347,7 @@ def test_normal_tensor_overloads(native):
     assert torch.normal(0.0, 1.0, (3, 4), device="tpu").shape == (3, 4)
 
 
-def test_other_distributions(native):
+def test_other_distributions(no_fallbacks):
     x = torch.empty(N, device="tpu").exponential_(2.0).cpu()
     assert x.min() >= 0 and abs(x.mean().item() - 0.5) < 0.03
     x = torch.empty(N, device="tpu").geometric_(0.25).cpu()
@@ -388,7 +360,7 @@ def test_other_distributions(native):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.2, 0.5, 1.0])
-def test_bernoulli(p, native):
+def test_bernoulli(p, no_fallbacks):
     probs = torch.full((N,), p, device="tpu")
     for x in (
         torch.bernoulli(probs),
@@ -406,7 +378,7 @@ def test_bernoulli(p, native):
 @pytest.mark.parametrize(
     "dtype", [torch.int64, torch.int32, torch.uint8, torch.int8, torch.float32, torch.bfloat16, torch.bool]
 )
-def test_random_integers(dtype, native):
+def test_random_integers(dtype, no_fallbacks):
     x = torch.randint(
         -3 if dtype not in (torch.uint8, torch.bool) else 0,
         2 if dtype == torch.bool else 7,
@@ -438,20 +410,20 @@ def test_random_integers(dtype, native):
     assert same_range.dtype == torch.float32 and set(same_range.unique().tolist()) == set(map(float, range(10)))
 
 
-def test_randint_full_int64_range(native):
+def test_randint_full_int64_range(no_fallbacks):
     x = torch.randint(-(2**63), 2**63 - 1, (N,), device="tpu").cpu()
     assert (x < 0).any() and (x > 0).any() and x.unique().numel() == N
 
 
 @pytest.mark.parametrize("n", [1, 7, 100])
-def test_randperm(n, native):
+def test_randperm(n, no_fallbacks):
     for dtype in (torch.int64, torch.int32, torch.float32):
         p = torch.randperm(n, device="tpu", dtype=dtype)
         assert p.dtype == dtype
         assert torch.equal(p.cpu().sort().values.long(), torch.arange(n))
 
 
-def test_multinomial(native):
+def test_multinomial(no_fallbacks):
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3], device="tpu")
     draws = torch.multinomial(probs, N, replacement=True).cpu()
     assert draws.dtype == torch.int64 and draws.shape == (N,)
@@ -466,7 +438,7 @@ def test_multinomial(native):
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
-def test_dropout(p, native):
+def test_dropout(p, no_fallbacks):
     x = torch.ones(N, device="tpu")
     y = F.dropout(x, p, training=True).cpu()
     kept = y != 0
@@ -481,7 +453,7 @@ def test_dropout(p, native):
     assert mask.cpu().all() and torch.equal(out.cpu(), x.cpu())
 
 
-def test_dropout_backward(native):
+def test_dropout_backward(no_fallbacks):
     x = torch.randn(64, 32, device="tpu", requires_grad=True)
     y = F.dropout(x, 0.3, training=True)
     g = torch.randn(64, 32, device="tpu")
@@ -492,7 +464,7 @@ def test_dropout_backward(native):
     torch.testing.assert_close(grad.cpu(), g.cpu() * mask * 2.0)
 
 
-def test_dropout_modules_and_half_precision(native):
+def test_dropout_modules_and_half_precision(no_fallbacks):
     m = torch.nn.Dropout(0.5).to("tpu")
     x = torch.ones(8, 128, device="tpu", dtype=torch.bfloat16)
     y = m(x)
@@ -526,7 +498,7 @@ def test_random_dtype_errors(fn):
     assert torch.equal(torch.get_rng_state(), state)
 
 
-def test_like_samplers(native):
+def test_like_samplers(no_fallbacks):
     x = torch.zeros(3, 5, device="tpu", dtype=torch.float64)
     for fn in (torch.rand_like, torch.randn_like, lambda t: torch.randint_like(t, 3, 9)):
         y = fn(x)

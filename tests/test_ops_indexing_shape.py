@@ -7,74 +7,9 @@ import torch
 from torch.nn import functional as F
 
 import torch_tpu
+from tests.helpers import data, same, same_error
 
 NAN = float("nan")
-
-
-def _to_cpu(x):
-    if isinstance(x, torch.Tensor):
-        assert x.device.type == "tpu", f"expected a tpu result, got {x.device}"
-        return x.cpu()
-    if isinstance(x, (tuple, list)):
-        return tuple(_to_cpu(v) for v in x)
-    return x
-
-
-def _plain(x):
-    return tuple(_plain(v) for v in x) if isinstance(x, (tuple, list)) else x
-
-
-def same(fn, *inputs, grad=False, **tol):
-    """fn on tpu copies of `inputs` equals fn on CPU (results and the inputs,
-    which fn may mutate), with no CPU fallback; grad=True also compares the
-    float inputs' gradients for a random cotangent."""
-
-    def prepare(device):
-        return [
-            x.detach().to(device).requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x
-            for x in inputs
-        ]
-
-    cpu_in, tpu_in = prepare("cpu"), prepare("tpu")
-    expected = fn(*cpu_in)
-    torch_tpu.metrics.reset()
-    got = fn(*tpu_in)
-    got_cpu = _to_cpu(got)
-    if grad:
-        outs_c = expected if isinstance(expected, (tuple, list)) else (expected,)
-        outs_t = got if isinstance(got, (tuple, list)) else (got,)
-        pairs = [(c, t) for c, t in zip(outs_c, outs_t) if c.requires_grad]
-        cots = [torch.randn(c.shape, dtype=c.dtype) for c, _ in pairs]
-        torch.autograd.backward([c for c, _ in pairs], cots)
-        torch.autograd.backward([t for _, t in pairs], [g.to("tpu") for g in cots])
-    fallbacks = torch_tpu.metrics.counters()["cpu_fallback_ops"]
-    assert not fallbacks, f"ops fell back to CPU: {fallbacks}"
-    torch.testing.assert_close(got_cpu, _plain(expected), equal_nan=True, **tol)
-    for c, t in zip(cpu_in, tpu_in):
-        if isinstance(c, torch.Tensor):
-            torch.testing.assert_close(t.detach().cpu(), c.detach(), equal_nan=True, **tol)
-            if grad and c.requires_grad:
-                torch.testing.assert_close(t.grad.cpu(), c.grad, equal_nan=True, **tol)
-    return got
-
-
-def same_error(fn, *inputs, match=False):
-    """fn raises the same exception class (and, with match, message) on tpu as on CPU."""
-    with pytest.raises(Exception) as cpu_exc:
-        fn(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
-    tpu_in = [x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs]
-    with pytest.raises(type(cpu_exc.value)) as tpu_exc:
-        fn(*tpu_in)
-    if match:
-        assert str(cpu_exc.value).split("\n")[0] == str(tpu_exc.value).split("\n")[0]
-
-
-def _data(dtype, shape=(3, 4)):
-    if dtype == torch.bool:
-        return torch.rand(shape) > 0.5
-    if dtype.is_floating_point:
-        return torch.randn(shape).to(dtype)
-    return torch.randint(-5, 6, shape, dtype=dtype)
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
@@ -183,7 +118,7 @@ def test_scatter_ops_direct():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cat_stack(dtype):
-    a, b = _data(dtype, (2, 3)), _data(dtype, (4, 3))
+    a, b = data(dtype, (2, 3)), data(dtype, (4, 3))
     same(lambda a, b: torch.cat([a, b]), a, b)
     same(lambda a, b: torch.cat([a.t(), b.t()], -1), a, b)
     same(lambda a, b: torch.stack([a, b[:2]], 1), a, b)
@@ -217,7 +152,7 @@ def test_cat_stack_grad():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_flip_roll_repeat_tril(dtype):
-    x = _data(dtype, (3, 4))
+    x = data(dtype, (3, 4))
     same(lambda x: x.flip(0), x)
     same(lambda x: x.flip((0, -1)), x)
     same(lambda x: x.t().flip(1), x)
@@ -287,7 +222,7 @@ def test_constant_pad_value_and_dtypes():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_index_tensor(dtype):
-    x = _data(dtype, (4, 5, 3))
+    x = data(dtype, (4, 5, 3))
     i, j = T([0, 2, -1]), T([[1], [-4]])
     same(lambda x: x[i], x)
     same(lambda x: x[:, i], x)
@@ -303,7 +238,7 @@ def test_index_tensor(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_index_bool_mask(dtype):
-    x = _data(dtype, (3, 4))
+    x = data(dtype, (3, 4))
     m = torch.rand(3, 4) > 0.5
     same(lambda x, m: x[m], x, m)
     same(lambda x, m: x[m[:, 0]], x, m)
@@ -348,8 +283,8 @@ def test_index_grad():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_setitem(dtype):
-    x = _data(dtype, (4, 3))
-    v = _data(dtype, (2, 3))
+    x = data(dtype, (4, 3))
+    v = data(dtype, (2, 3))
     m = torch.rand(4, 3) > 0.5
 
     def put_index(x, v):
@@ -440,8 +375,8 @@ def test_index_put_errors_and_grad():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gather_scatter(dtype):
-    x = _data(dtype, (3, 4))
-    src = _data(dtype, (3, 4))
+    x = data(dtype, (3, 4))
+    src = data(dtype, (3, 4))
     idx = T([[0, 1], [2, 0], [1, 1]])
     perm = torch.stack([torch.randperm(4)[:2] for _ in range(3)])  # no duplicates per row
     same(lambda x: x.gather(1, on(x, idx)), x)
@@ -462,8 +397,8 @@ def test_gather_scatter(dtype):
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_scatter_reduce(reduce, include_self, dtype):
-    x = _data(dtype, (2, 4))
-    src = _data(dtype, (2, 3))
+    x = data(dtype, (2, 4))
+    src = data(dtype, (2, 3))
     idx = T([[0, 1, 0], [2, 2, 1]])
     same(lambda x, s: x.scatter_reduce(1, on(x, idx), s, reduce, include_self=include_self), x, src)
 
@@ -521,8 +456,8 @@ def test_gather_scatter_errors():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_index_select_add_copy_fill(dtype):
-    x = _data(dtype, (4, 3))
-    src = _data(dtype, (2, 3))
+    x = data(dtype, (4, 3))
+    src = data(dtype, (2, 3))
     idx = T([3, 0])
     same(lambda x: x.index_select(0, on(x, idx)), x)
     same(lambda x: x.index_select(1, on(x, T([2, 2, 0]))), x)
@@ -575,7 +510,7 @@ def test_embedding():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nonzero_masked_select(dtype):
-    x = _data(dtype, (3, 4))
+    x = data(dtype, (3, 4))
     m = torch.rand(3, 4) > 0.5
     same(lambda x: x.nonzero(), x)
     same(lambda x: x.t().nonzero(), x)
@@ -607,7 +542,7 @@ def test_masked_scatter_and_grad():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sort(dtype):
-    x = _data(dtype, (3, 6))
+    x = data(dtype, (3, 6))
     x[:, 3] = x[:, 1]  # ties
     same(lambda x: tuple(x.sort(stable=True)), x)
     same(lambda x: tuple(x.sort(stable=True, descending=True)), x)
@@ -672,7 +607,7 @@ def test_searchsorted_bucketize():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_unique(dtype):
-    x = _data(dtype, (3, 5))
+    x = data(dtype, (3, 5))
     x[1] = x[0]
     same(lambda x: x.unique(), x)
     same(lambda x: x.unique(return_inverse=True), x)

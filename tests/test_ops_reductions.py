@@ -7,74 +7,9 @@ import math
 import pytest
 import torch
 
-import torch_tpu
+from tests.helpers import data, same, same_error, tol_for
 
 NAN = float("nan")
-
-
-def _tree_to_cpu(x):
-    if isinstance(x, torch.Tensor):
-        assert x.device.type == "tpu", f"expected a tpu result, got {x.device}"
-        return x.cpu()
-    if isinstance(x, (tuple, list)):
-        return tuple(_tree_to_cpu(v) for v in x)
-    return x
-
-
-def _tol(dtype):
-    return {"rtol": 2e-2, "atol": 2e-2} if dtype in (torch.bfloat16, torch.float16) else {}
-
-
-def same(fn, *inputs, grad=False, **tol):
-    """fn on tpu copies of `inputs` equals fn on CPU, with no CPU fallback; with
-    grad=True the float inputs' gradients (random cotangent) match too."""
-
-    def prepare(device):
-        return [
-            x.detach().to(device).requires_grad_(grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x
-            for x in inputs
-        ]
-
-    cpu_in, tpu_in = prepare("cpu"), prepare("tpu")
-    expected = fn(*cpu_in)
-    torch_tpu.metrics.reset()
-    got = fn(*tpu_in)
-    got_cpu = _tree_to_cpu(got)
-    if grad:
-        outs_c = expected if isinstance(expected, tuple) else (expected,)
-        outs_t = got if isinstance(got, tuple) else (got,)
-        outs = [(c, t) for c, t in zip(outs_c, outs_t) if c.is_floating_point()]
-        cots = [torch.randn(c.shape, dtype=c.dtype) for c, _ in outs]
-        torch.autograd.backward([c for c, _ in outs], cots)
-        torch.autograd.backward([t for _, t in outs], [g.to("tpu") for g in cots])
-    fallbacks = torch_tpu.metrics.counters()["cpu_fallback_ops"]
-    assert not fallbacks, f"ops fell back to CPU: {fallbacks}"
-    expected_plain = tuple(expected) if isinstance(expected, (tuple, list)) else expected
-    torch.testing.assert_close(got_cpu, expected_plain, equal_nan=True, **tol)
-    if grad:
-        for c, t in zip(cpu_in, tpu_in):
-            if isinstance(c, torch.Tensor) and c.requires_grad:
-                torch.testing.assert_close(t.grad.cpu(), c.grad, equal_nan=True, **tol)
-    return got
-
-
-def same_error(fn, *inputs, match=False):
-    """fn raises the same exception class (and message) on tpu as on CPU."""
-    with pytest.raises(Exception) as cpu_exc:
-        fn(*inputs)
-    tpu_in = [x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs]
-    with pytest.raises(type(cpu_exc.value)) as tpu_exc:
-        fn(*tpu_in)
-    if match:
-        assert str(cpu_exc.value).split("\n")[0] in str(tpu_exc.value)
-
-
-def _data(dtype, shape=(3, 4)):
-    if dtype == torch.bool:
-        return torch.rand(shape) > 0.5
-    if dtype.is_floating_point:
-        return torch.randn(shape).to(dtype)
-    return torch.randint(-5, 6, shape, dtype=dtype)
 
 
 FLOATS = [torch.float32, torch.bfloat16]
@@ -86,11 +21,11 @@ ALL = [torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.bool]
 
 @pytest.mark.parametrize("dtype", ALL)
 def test_sum_dtype_rules(dtype):
-    x = _data(dtype)
-    out = same(lambda x: x.sum(), x, **_tol(dtype))
+    x = data(dtype)
+    out = same(lambda x: x.sum(), x, **tol_for(dtype))
     assert out.dtype == torch.sum(x).dtype
-    same(lambda x: x.sum(1), x, **_tol(dtype))
-    same(lambda x: x.sum((0, 1), keepdim=True), x, **_tol(dtype))
+    same(lambda x: x.sum(1), x, **tol_for(dtype))
+    same(lambda x: x.sum((0, 1), keepdim=True), x, **tol_for(dtype))
     same(lambda x: x.sum(-1, dtype=torch.float64), x)
 
 
@@ -141,7 +76,7 @@ def test_mean_of_int_raises_like_cpu():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_prod(dtype):
-    x = _data(dtype, (3, 3))
+    x = data(dtype, (3, 3))
     same(lambda x: x.prod(), x)
     same(lambda x: x.prod(1), x)
     same(lambda x: x.prod(-2, keepdim=True), x)
@@ -170,7 +105,7 @@ def test_bfloat16_sum_accumulates_in_float32():
 
 @pytest.mark.parametrize("dtype", ALL)
 def test_max_min(dtype):
-    x = _data(dtype)
+    x = data(dtype)
     same(lambda x: x.max(), x)
     same(lambda x: x.min(), x)
     same(lambda x: x.amax(1), x)
@@ -257,7 +192,7 @@ def test_var_grad_noncontiguous_bf16_and_int():
     x = torch.randn(4, 5)
     same(lambda x: x.t().var(1), x, grad=True)
     same(lambda x: x.std(0, keepdim=True), x, grad=True)
-    same(lambda x: x.var(1), x.bfloat16(), **_tol(torch.bfloat16))
+    same(lambda x: x.var(1), x.bfloat16(), **tol_for(torch.bfloat16))
     same(lambda x: x.var(), torch.tensor([1.0]))  # dof <= 0 gives nan, as on CPU
     same_error(lambda x: x.var(), torch.arange(4))
     same_error(lambda x: x.std(), torch.arange(4))
@@ -268,7 +203,7 @@ def test_var_grad_noncontiguous_bf16_and_int():
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.int64, torch.uint8])
 def test_any_all(dtype):
-    x = _data(torch.bool if dtype == torch.uint8 else dtype, (3, 4)).to(dtype)
+    x = data(torch.bool if dtype == torch.uint8 else dtype, (3, 4)).to(dtype)
     x[0] = 1
     for fn in (torch.any, torch.all):
         out = same(fn, x)
@@ -315,7 +250,7 @@ def test_norm_variants_and_grad():
     same(lambda x: x.norm(), x)
     same(lambda x: x.norm(p=1, dim=1), x)
     same(lambda x: torch.linalg.vector_norm(x, dtype=torch.float64), x)
-    same(lambda x: x.norm(dim=0), x.bfloat16(), **_tol(torch.bfloat16))
+    same(lambda x: x.norm(dim=0), x.bfloat16(), **tol_for(torch.bfloat16))
     same(lambda x: x.norm(dim=1), x, grad=True)
     same_error(lambda x: x.norm(), torch.arange(3))
 
@@ -325,7 +260,7 @@ def test_norm_variants_and_grad():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.int32])
 def test_cumsum_cumprod(dtype):
-    x = _data(dtype, (3, 4))
+    x = data(dtype, (3, 4))
     out = same(lambda x: x.cumsum(1), x)
     assert out.dtype == x.cumsum(1).dtype
     same(lambda x: x.cumsum(0), x)
