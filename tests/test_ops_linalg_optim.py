@@ -391,3 +391,33 @@ def test_grad_scaler_skips_inf_steps_like_cpu(fused):
     assert tpu_scale == cpu_scale
     for a, b in zip(tpu, cpu):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_lr_scheduler_does_not_recompile(name):
+    # The learning rate reaches _foreach_add_(alpha=-lr) and _foreach_mul_(1 - lr * wd): traced, not keyed.
+    torch.manual_seed(0)
+    cpu_model = nn.Linear(4, 3)
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    losses = {}
+    for model, device in ((cpu_model, "cpu"), (tpu_model, "tpu")):
+        if name == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7)
+        g = torch.Generator().manual_seed(3)
+        losses[device] = []
+        for step in range(5):
+            if step == 2 and device == "tpu":
+                torch_tpu.metrics.reset()
+            loss = model(torch.randn(2, 4, generator=g).to(device)).square().sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            losses[device].append(loss.item())
+    assert torch_tpu.metrics.counters()["op_compiles"] == 0
+    torch.testing.assert_close(losses["tpu"], losses["cpu"], rtol=1e-5, atol=1e-5)
+    for p_cpu, p_tpu in zip(cpu_model.parameters(), tpu_model.parameters()):
+        torch.testing.assert_close(p_tpu.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-5)
