@@ -72,7 +72,7 @@ def cauchy_(self, median=0.0, sigma=1.0, *, rng):
 
 def _bernoulli(rng, shape, p) -> jnp.ndarray:
     """True with probability p (a float or an array broadcast to shape)."""
-    dtype = np.float64 if isinstance(p, float) else opmath(float_dtype(p.dtype))
+    dtype = np.float32 if isinstance(p, float) else opmath(float_dtype(p.dtype))  # f64 is slow on TPU
     return jax.random.uniform(rng, shape, dtype) < cast(p, dtype)
 
 
