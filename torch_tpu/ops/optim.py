@@ -148,42 +148,33 @@ def foreach_pow_scalar_and_tensor(self, exponent):
     return _map(lambda e: jnp.power(self, e), exponent)
 
 
-@lower(aten._foreach_clamp_min.List, aten._foreach_clamp_min.ScalarList)
-def foreach_clamp_min_list(self, other):
-    return _map(jnp.maximum, self, other)
-
-
-@lower(aten._foreach_clamp_min.Scalar)
-def foreach_clamp_min_scalar(self, scalar):
-    return _map(lambda x: jnp.maximum(x, scalar), self)
-
-
-@lower(aten._foreach_clamp_max.List, aten._foreach_clamp_max.ScalarList)
-def foreach_clamp_max_list(self, other):
-    return _map(jnp.minimum, self, other)
-
-
-@lower(aten._foreach_clamp_max.Scalar)
-def foreach_clamp_max_scalar(self, scalar):
-    return _map(lambda x: jnp.minimum(x, scalar), self)
-
-
-@lower(aten._foreach_maximum.List, aten._foreach_maximum.ScalarList)
+# clamp_min/clamp_max and maximum/minimum agree elementwise (NaN propagates in both).
+@lower(
+    aten._foreach_clamp_min.List,
+    aten._foreach_clamp_min.ScalarList,
+    aten._foreach_maximum.List,
+    aten._foreach_maximum.ScalarList,
+)
 def foreach_maximum_list(self, other):
     return _map(jnp.maximum, self, other)
 
 
-@lower(aten._foreach_maximum.Scalar)
+@lower(aten._foreach_clamp_min.Scalar, aten._foreach_maximum.Scalar)
 def foreach_maximum_scalar(self, scalar):
     return _map(lambda x: jnp.maximum(x, scalar), self)
 
 
-@lower(aten._foreach_minimum.List, aten._foreach_minimum.ScalarList)
+@lower(
+    aten._foreach_clamp_max.List,
+    aten._foreach_clamp_max.ScalarList,
+    aten._foreach_minimum.List,
+    aten._foreach_minimum.ScalarList,
+)
 def foreach_minimum_list(self, other):
     return _map(jnp.minimum, self, other)
 
 
-@lower(aten._foreach_minimum.Scalar)
+@lower(aten._foreach_clamp_max.Scalar, aten._foreach_minimum.Scalar)
 def foreach_minimum_scalar(self, scalar):
     return _map(lambda x: jnp.minimum(x, scalar), self)
 
