@@ -222,3 +222,54 @@ def test_sync_waits():
         t = t @ t / 256
     torch_tpu.sync()
     torch.testing.assert_close(t.cpu(), torch.ones(256, 256))
+
+
+def test_dtype_views_reinterpret_bits(no_fallbacks):
+    x = torch.randn(4, 6)
+    t = x.to("tpu")
+    assert torch.equal(t.view(torch.int32).cpu(), x.view(torch.int32))
+    assert torch.equal(t.view(torch.uint8)[1:3].cpu(), x.view(torch.uint8)[1:3])
+    assert torch.equal(t.view(torch.float64).cpu(), x.view(torch.float64))
+    y, u = x.clone(), t.clone()
+    y.view(torch.int32).bitwise_xor_(1)
+    u.view(torch.int32).bitwise_xor_(1)
+    assert torch.equal(u.cpu(), y)
+
+
+def test_complex_real_views_alias(no_fallbacks):
+    z = torch.randn(2, 3, 2)
+    c, ct = torch.view_as_complex(z), torch.view_as_complex(z.to("tpu"))
+    assert torch.equal(ct.cpu(), c)
+    assert torch.equal(torch.view_as_real(ct).cpu(), z)
+    assert torch.equal(ct.view(torch.float32).cpu(), c.view(torch.float32))
+    torch.view_as_real(ct).mul_(2)
+    assert torch.equal(ct.cpu(), c * 2)
+
+
+def test_storage_resize_and_set(no_fallbacks):
+    x = torch.randn(4, 6)
+    t = x.to("tpu")
+    grown = t.clone()
+    grown.resize_(30)
+    assert torch.equal(grown[:24].cpu(), x.reshape(-1))
+    view = torch.empty(0, device="tpu")
+    view.set_(t.untyped_storage(), 2, (2, 3), (3, 1))
+    assert torch.equal(view.cpu(), torch.empty(0).set_(x.untyped_storage(), 2, (2, 3), (3, 1)))
+    view.fill_(7)
+    expected = x.clone().reshape(-1)
+    expected[2:8] = 7
+    assert torch.equal(t.reshape(-1).cpu(), expected)
+
+
+def test_overlapping_inplace_write_raises_like_cpu():
+    for device in ("cpu", "tpu"):
+        x = torch.zeros(1, 6, device=device)
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            x.expand(4, 6).add_(1)
+
+
+def test_copy_into_expanded_tensor_raises_like_cpu():
+    for device in ("cpu", "tpu"):
+        x = torch.zeros(1, 6, device=device)
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            x.expand(4, 6).copy_(torch.ones(4, 6, device=device))

@@ -321,6 +321,9 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
         _raise_cpu_error(plan, lowering, template, meta_error)
     fresh_meta = _fresh_meta(plan, meta_result)
     mutable_slots = _flatten_values([template[i] for i in plan.mutable])
+    for slot in mutable_slots:
+        if isinstance(slot, _TensorSlot):
+            _check_no_internal_overlap(slot.geom)
     fn = lowering.fn
     functional_names = [n for n in plan.arg_names if n not in plan.out_names]
     mutable_shapes = [
@@ -382,6 +385,15 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
     else:
         entry.run = jax.jit(run)
     return entry
+
+
+def _check_no_internal_overlap(geom) -> None:
+    """CPU's assert_no_internal_overlap: an expanded (stride-0) tensor cannot be written."""
+    if any(size > 1 and stride == 0 for size, stride in zip(geom.sizes, geom.strides)):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation."
+        )
 
 
 def _conform_tree(value, meta, op):
@@ -575,6 +587,7 @@ def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:
         _C._set_buffer(t, reshape(value, (-1,)), t.dtype, g.numel)
         return
+    _check_no_internal_overlap(g)
     key = ("write", g, value.shape, value.dtype)
     fn = _read_jit_cache.get(key)
     if fn is None:

@@ -54,6 +54,14 @@ def _reinterpret(buf: jnp.ndarray, dtype: np.dtype) -> jnp.ndarray:
     """Bit-level reinterpretation of a flat buffer as another element type."""
     if buf.dtype == dtype:
         return buf
+    if jnp.issubdtype(buf.dtype, jnp.complexfloating):
+        # complex -> interleaved (real, imag) floats, then on as a float buffer.
+        buf = jnp.stack([jnp.real(buf), jnp.imag(buf)], axis=-1).reshape(-1)
+        return _reinterpret(buf, dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        parts = _reinterpret(buf, np.dtype(np.float32 if dtype == np.complex64 else np.float64))
+        parts = parts[: parts.size // 2 * 2].reshape(-1, 2)
+        return lax.complex(parts[:, 0], parts[:, 1])
     if buf.dtype == np.bool_:
         buf = buf.astype(np.uint8)
     target = np.dtype(np.uint8) if dtype == np.bool_ else dtype
