@@ -95,27 +95,22 @@ def tensor_geometry(t: torch.Tensor, buf: jax.Array):
     dtype = TORCH_TO_NUMPY.get(t.dtype)
     if dtype is None:
         raise TypeError(f"tpu tensors do not support dtype {t.dtype}")
-    sizes = tuple(t.shape)
-    if t.storage_offset() == 0 and buf.dtype == dtype and t.is_contiguous() and buf.shape[0] == t.numel():
-        return geo.Geometry(sizes, tuple(t.stride()), 0, dtype, dtype, buf.shape[0])
-    return geo.Geometry(sizes, tuple(t.stride()), t.storage_offset(), dtype, buf.dtype, buf.shape[0])
+    return geo.Geometry(tuple(t.shape), tuple(t.stride()), t.storage_offset(), dtype, buf.dtype, buf.shape[0])
 
 
 class _Call:
-    """One call's flattened arguments: signature, jit inputs and tensors."""
+    """One call's flattened arguments: the jit inputs, the device and the generator."""
 
-    __slots__ = ("device", "generator", "inputs", "sig", "tensors")
+    __slots__ = ("device", "generator", "inputs")
 
     def __init__(self):
         self.inputs: list[Any] = []
-        self.tensors: list[torch.Tensor] = []
         self.device: int | None = None
         self.generator = None
 
     def walk(self, x):
         if isinstance(x, _WrappedNumber):
             self.inputs.append(x.value)
-            self.tensors.append(None)
             return ("number", type(x.value))
         if isinstance(x, torch.Tensor):
             info = _C._arg_info(x)
@@ -131,12 +126,10 @@ class _Call:
                 if buf is None:
                     buf = buffer_of(x)
                 self.inputs.append(buf)
-                self.tensors.append(x)
                 # (sizes, dtype) for a tensor that is its whole buffer, else the full geometry.
                 return key if key is not None else tensor_geometry(x, buf)
             if x.dim() == 0 and x.device.type == "cpu":
                 self.inputs.append(x.item())
-                self.tensors.append(x)
                 return ("scalar", x.dtype)
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, {x.device} and tpu!"
