@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import _C, metrics
+from torch_tpu import _C, debug, metrics
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.registry import Lowering
@@ -458,6 +458,12 @@ def _key_from_data(data):
     return jax.random.fold_in(key, data[3])
 
 
+def _describe(sig: tuple) -> str:
+    """A short readable form of a call signature, for debug output."""
+    text = repr(sig)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     """The PrivateUse1 kernel of `op`, registered with torch.library."""
     plan = _OpPlan(op, derived)
@@ -481,6 +487,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
                 return kernel(*args, **kwargs)
             _cache.put(key, entry)
             metrics.bump("op_compiles")
+            if debug.enabled():
+                debug.log("compile", f"{op} for {_describe(sig)}")
         else:
             metrics.bump("op_cache_hits")
         device = call.device if call.device is not None else _factory_device(bound)

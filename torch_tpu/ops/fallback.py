@@ -3,14 +3,12 @@ warned about once per op."""
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 
 import torch
 from torch.utils._pytree import tree_map
 
-from torch_tpu import metrics
+from torch_tpu import debug, metrics
 
 _warned: set[str] = set()
 
@@ -44,8 +42,7 @@ def cpu_fallback(op, args, kwargs):
             "torch_tpu.metrics.counters()['cpu_fallbacks'])",
             stacklevel=3,
         )
-    if os.environ.get("TORCH_TPU_DEBUG") == "1":
-        print(f"[torch_tpu] CPU fallback: {name}", file=sys.stderr)
+    debug.log("fallback", f"{name} runs on the CPU")
     schema = op._schema
     for r in schema.returns:
         if r.alias_info is not None and not r.alias_info.is_write:
