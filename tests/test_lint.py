@@ -19,7 +19,7 @@ def _source_root() -> pathlib.Path:
 
 
 ROOT = _source_root()
-TARGETS = [str(ROOT / d) for d in ("torch_tpu", "tests", "examples") if (ROOT / d).is_dir()]
+TARGETS = [str(ROOT / d) for d in ("torch_tpu", "tests", "examples", "benchmarks") if (ROOT / d).is_dir()]
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:
