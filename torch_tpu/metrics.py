@@ -17,6 +17,7 @@ _COUNTER_KEYS = (
 
 _counts: Counter[str] = Counter()
 _fallback_ops: Counter[str] = Counter()
+_compile_seconds: Counter[str] = Counter()  # kind ("op", "graph") -> total seconds
 
 
 def bump(key: str, n: int = 1) -> None:
@@ -26,6 +27,15 @@ def bump(key: str, n: int = 1) -> None:
 def record_fallback(op_name: str) -> None:
     _counts["cpu_fallbacks"] += 1
     _fallback_ops[op_name] += 1
+
+
+def record_compile(kind: str, seconds: float) -> None:
+    """Adds one compile's wall time (trace + XLA compile) under `kind`: "op" or "graph"."""
+    _compile_seconds[kind] += seconds
+
+
+def compile_seconds() -> dict[str, float]:
+    return dict(_compile_seconds)
 
 
 def counters() -> dict:
@@ -40,6 +50,7 @@ def counters() -> dict:
 def reset() -> None:
     _counts.clear()
     _fallback_ops.clear()
+    _compile_seconds.clear()
 
 
 def report() -> str:
@@ -51,6 +62,8 @@ def report() -> str:
     lookups = snap["op_compiles"] + snap["op_cache_hits"]
     if lookups:
         lines.append(f"  {'op cache hit rate':22s} {snap['op_cache_hits'] / lookups:.1%}")
+    for kind, seconds in sorted(_compile_seconds.items()):
+        lines.append(f"  {kind + ' compile time':22s} {seconds:.3f} s")
     if _fallback_ops:
         lines.append("  CPU fallback ops:")
         for name, count in _fallback_ops.most_common(20):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -481,7 +482,9 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         aliases = _storage_aliases(plan, bound) if plan.mutable else None
         key = (op, sig, torch.get_default_dtype(), aliases)  # factories and wrapped floats depend on dtype
         entry = _cache.get(key)
+        compile_start = None
         if entry is None:
+            compile_start = time.perf_counter()
             entry = _build(plan, lowering, call, bound, aliases)
             if plan.out_names and _resize_out_args(plan, bound, entry):
                 return kernel(*args, **kwargs)
@@ -496,6 +499,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         if lowering.random:
             rng = _key_from_data_jit(_generator_key(plan, call, device))
         flat = entry.run(call.inputs, rng)
+        if compile_start is not None:  # jax.jit traces and compiles on the first call
+            metrics.record_compile("op", time.perf_counter() - compile_start)
         metrics.bump("executions")
         fresh_values, new_buffers = jax.tree_util.tree_unflatten(entry.out_tree, flat)
         fresh = [_wrap_tree(v, m, device) for v, m in zip(fresh_values, entry.fresh_meta)]
