@@ -6,5 +6,8 @@ from __future__ import annotations
 
 from torch_tpu.kernels import sdpa  # noqa: F401  (registers the SDPA routing)
 from torch_tpu.kernels.flash import flash_attention
+from torch_tpu.kernels.grouped_matmul import gmm
+from torch_tpu.kernels.jax_op import jax_op
+from torch_tpu.kernels.paged import paged_attention
 
-__all__ = ["flash_attention"]
+__all__ = ["flash_attention", "gmm", "jax_op", "paged_attention"]

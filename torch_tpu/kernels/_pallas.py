@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 from torch_tpu.runtime import client
 
@@ -38,3 +39,13 @@ def pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, extra)
     return jnp.pad(x, widths, constant_values=value)
+
+
+def scalar_spec() -> pl.BlockSpec:
+    """The whole of a small int32 table (group offsets, page indices) read with scalar loads:
+    SMEM under Mosaic, the plain whole-array block elsewhere."""
+    if client.platform() == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pl.BlockSpec(memory_space=pltpu.SMEM)
+    return pl.BlockSpec()
