@@ -57,10 +57,13 @@ class MoE(nn.Module):
         return out
 
 
-def train(device: str, steps: int, reference: bool = False, seed: int = 0) -> list[float]:
+def train(device: str, steps: int, reference: bool = False, seed: int = 0, optimizer: str = "adamw") -> list[float]:
     torch.manual_seed(seed)
     model = nn.ModuleDict({"moe": MoE(), "out": nn.Linear(16, 4)}).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(seed + 1)
     losses = []
     for _ in range(steps):

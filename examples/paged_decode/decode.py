@@ -1,5 +1,5 @@
-"""Greedy decoding with a tiny Llama on tpu: flash-attention prefill of each prompt into a
-paged KV cache, then batched decode steps with paged attention.
+"""Greedy decoding with a tiny Llama on tpu: a batched flash-attention prefill of the prompts
+into a paged KV cache, then batched decode steps with paged attention.
 
 python examples/paged_decode/decode.py --steps 8 [--check]
 
@@ -40,19 +40,25 @@ def generate_paged(model: Llama, prompts: list[list[int]], steps: int, page_size
         cfg.layers, cfg.kv_heads, cfg.head_dim, len(prompts) * pages_per_sequence, page_size, pages_per_sequence
     )
     seqs = [cache.add_sequence() for _ in prompts]
-    last = []
-    for seq, prompt in zip(seqs, prompts):  # prefill: one causal flash attention per prompt
-        positions = cache.reserve(seq, len(prompt))
-        slots = cache.slots([seq] * len(prompt), positions)
+    # Prefill: all prompts in one batch, right-padded. Causal attention keeps the padding out
+    # of every real token's view; only real tokens go into the cache.
+    longest = max(map(len, prompts))
+    tokens = torch.tensor([p + [0] * (longest - len(p)) for p in prompts]).to("tpu")
+    positions = torch.arange(longest).repeat(len(prompts), 1).to("tpu")
+    real = [(b, t) for b, p in enumerate(prompts) for t in range(len(p))]
+    rows, cols = (torch.tensor(ix).to("tpu") for ix in zip(*real))
+    for seq, prompt in zip(seqs, prompts):
+        cache.reserve(seq, len(prompt))
+    slots = cache.slots([seqs[b] for b, _ in real], [t for _, t in real])
 
-        def prefill(layer, q, k, v, slots=slots):
-            cache.write(layer, slots, k[0], v[0])
-            return flash_attention(q, k, v, causal=True)
+    def prefill(layer, q, k, v):
+        cache.write(layer, slots, k[rows, :, cols].transpose(0, 1), v[rows, :, cols].transpose(0, 1))
+        return flash_attention(q, k, v, causal=True)
 
-        tokens = torch.tensor([prompt]).to("tpu")
-        logits = model(tokens, torch.tensor([positions]).to("tpu"), prefill)
-        last.append(logits[0, -1].argmax())
-    out = [[int(t)] for t in torch.stack(last).cpu()]
+    logits = model(tokens, positions, prefill)
+    last_index = torch.tensor([len(p) - 1 for p in prompts]).to("tpu")
+    first = logits[torch.arange(len(prompts)).to("tpu"), last_index].argmax(-1)
+    out = [[t] for t in first.cpu().tolist()]
     for _ in range(steps - 1):  # decode: every sequence's next token in one batch
         positions = [cache.reserve(seq, 1)[0] for seq in seqs]
         slots = cache.slots(seqs, positions)
