@@ -20,7 +20,7 @@ def _import(folder: str, module: str):
 
 
 def test_paged_decode_matches_full_recompute_on_cpu():
-    decode = _import("paged_decode", "decode")
+    decode = _import("paged_decode", "paged_decode")
     model = decode.build_model()
     # Prompts of different lengths; 3 new tokens cross page boundaries (page_size 4).
     prompts = decode.PROMPTS
@@ -31,7 +31,7 @@ def test_paged_decode_matches_full_recompute_on_cpu():
 
 
 def test_moe_trains_like_the_per_expert_loop_on_cpu():
-    moe = _import("moe", "moe")
+    moe = _import("moe", "gmm_moe")
     torch_tpu.metrics.reset()
     losses = moe.train("tpu", steps=2, optimizer="sgd")
     assert torch_tpu.metrics.counters()["cpu_fallback_ops"] == {}

@@ -1,7 +1,7 @@
 """Greedy decoding with a tiny Llama on tpu: a batched flash-attention prefill of the prompts
 into a paged KV cache, then batched decode steps with paged attention.
 
-python examples/paged_decode/decode.py --steps 8 [--check]
+python examples/paged_decode/paged_decode.py --steps 8 [--check]
 
 --check also decodes on CPU by recomputing every sequence in full (no cache) and asserts the
 same tokens come out.
@@ -20,8 +20,8 @@ import torch_tpu
 from torch_tpu.kernels import flash_attention, paged_attention
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from kv_cache import PagedKVCache
-from llama import Llama, LlamaConfig
+from paged_kv_cache import PagedKVCache
+from paged_llama import Llama, LlamaConfig
 
 PROMPTS = [[1, 5, 9], [2, 7, 3, 11, 4, 8], [6, 10, 12, 14, 1]]
 

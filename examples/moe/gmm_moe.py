@@ -4,7 +4,7 @@ Tokens are routed to their top-k experts, sorted by expert, and each SwiGLU expe
 one gmm over its contiguous rows (group_sizes = tokens per expert): no padding to a fixed
 expert capacity, no per-expert loop.
 
-python examples/moe/moe.py --steps 5 [--check]
+python examples/moe/gmm_moe.py --steps 5 [--check]
 
 --check also trains the same model on CPU with a per-expert loop and asserts equal losses.
 """
