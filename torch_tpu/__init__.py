@@ -21,6 +21,9 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
+    from torch_tpu.runtime import persistent_cache
+
+    persistent_cache.install()
     torch.utils.rename_privateuse1_backend("tpu")
     _C._register_device()
     devices = _client.devices()
@@ -37,6 +40,9 @@ def _register() -> None:
     from torch_tpu import ops
 
     ops.install()
+    from torch_tpu import compile as graph_compile
+
+    graph_compile.register()
 
 
 _register()
