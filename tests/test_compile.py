@@ -215,3 +215,17 @@ def test_dropout_in_a_compiled_training_graph():
     assert grad is not None and torch.isfinite(grad.cpu()).all()
     second = compiled(torch.ones(32, 64).to("tpu"))
     assert not torch.equal(out.cpu() == 0, second.cpu() == 0)  # a fresh mask per call
+
+
+def test_outputs_keep_eager_values_and_strides():
+    def f(a):
+        b = a @ a.T + 1
+        return b.t(), b[1:], a.view(-1), a.transpose(0, 1).contiguous() * 2
+
+    a = torch.randn(3, 4)
+    expected = f(a)
+    results = torch.compile(f, backend="tpu")(a.to("tpu"))
+    for got, want in zip(results, expected):
+        assert got.device.type == "tpu"
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want)

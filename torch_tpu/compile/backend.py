@@ -15,7 +15,6 @@ import itertools
 
 import torch
 import torch._dynamo
-from torch._dynamo.backends.common import aot_autograd
 from torch._ops import OpOverload
 from torch.fx import GraphModule
 
@@ -65,6 +64,9 @@ def _compiler(kind: str):
 
 @functools.cache
 def _aot():
+    # Imported on first use: registration can run while torch._inductor is half imported.
+    from torch._dynamo.backends.common import aot_autograd
+
     return aot_autograd(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),

@@ -366,17 +366,35 @@ class Segment:
         return _conform(result, fake, node.target)
 
 
+def _dense_order(fake, shape: tuple) -> tuple[int, ...] | None:
+    """The dims of a dense but non-contiguous fake result (a transposed output), outermost
+    first, so the buffer can be laid out with eager's strides; None when row-major will do."""
+    if not isinstance(fake, torch.Tensor) or len(shape) < 2:
+        return None
+    strides = fake.stride()
+    if not all(isinstance(st, int) for st in strides) or geo.is_contiguous(shape, tuple(strides)):
+        return None
+    order = tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
 def _flatten(value, fake, flat: list):
     """A template of `value` whose arrays are moved to `flat` (flattened to 1-D buffers)."""
     if isinstance(value, (list, tuple)):
         fakes = fake if isinstance(fake, (list, tuple)) else [None] * len(value)
         return (type(value), [_flatten(v, f, flat) for v, f in zip(value, fakes)])
     if isinstance(value, jax.Array):
-        flat.append(value.reshape(-1))
         shape = tuple(value.shape)
+        order = _dense_order(fake, shape)
+        flat.append((value if order is None else jnp.transpose(value, order)).reshape(-1))
         dtype = fake.dtype if isinstance(fake, torch.Tensor) else NUMPY_TO_TORCH[np.dtype(value.dtype)]
         on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu"
-        return ("array", len(flat) - 1, shape, dtype, on_cpu)
+        return ("array", len(flat) - 1, shape, dtype, on_cpu and order is None, order)
     return ("static", value)
 
 
@@ -385,10 +403,13 @@ def _rebuild(template, flat: list, device: int):
     if kind == "static":
         return template[1]
     if kind == "array":
-        _, index, shape, dtype, on_cpu = template
+        _, index, shape, dtype, on_cpu, order = template
         if on_cpu:
             return host.jax_to_cpu(flat[index]).reshape(shape)
-        return _C._wrap(flat[index], list(shape), dtype, device)
+        if order is None:
+            return _C._wrap(flat[index], list(shape), dtype, device)
+        physical = _C._wrap(flat[index], [shape[d] for d in order], dtype, device)
+        return physical.permute([order.index(d) for d in range(len(shape))])
     container, items = template
     return container(_rebuild(t, flat, device) for t in items)
 
