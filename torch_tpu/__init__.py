@@ -40,6 +40,7 @@ def _register() -> None:
     from torch_tpu import ops
 
     ops.install()
+    from torch_tpu import kernels  # noqa: F401  (Pallas kernels and the SDPA routing)
     from torch_tpu import compile as graph_compile
 
     graph_compile.register()

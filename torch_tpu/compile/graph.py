@@ -274,7 +274,7 @@ class Segment:
             target = values[self.inputs.index(placeholder)]
             new = flat[spec[0]]
             if target.device.type == "tpu":
-                _C._set_buffer(target, new, NUMPY_TO_TORCH[np.dtype(new.dtype)], new.shape[0])
+                _C._set_buffer(target, new, NUMPY_TO_TORCH[np.dtype(new.dtype)], new.size)
             else:
                 target.copy_(host.jax_to_cpu(new).reshape(target.shape))
         return outs
