@@ -21,6 +21,9 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
+    from torch_tpu.runtime import persistent_cache
+
+    persistent_cache.install()
     torch.utils.rename_privateuse1_backend("tpu")
     _C._register_device()
     devices = _client.devices()
@@ -38,6 +41,9 @@ def _register() -> None:
 
     ops.install()
     from torch_tpu import kernels  # noqa: F401  (Pallas kernels and the SDPA routing)
+    from torch_tpu import compile as graph_compile
+
+    graph_compile.register()
 
 
 _register()
