@@ -64,7 +64,13 @@ void DeviceBuffer::set_array(PyObject* array, c10::ScalarType dtype, int64_t num
 c10::Allocator* tpu_allocator() { return &g_allocator; }
 
 c10::DataPtr allocate_buffer(int device, size_t nbytes) {
-  auto* buffer = new DeviceBuffer(device, nbytes);
+  DeviceBuffer* buffer = nullptr;
+  try {
+    buffer = new DeviceBuffer(device, nbytes);
+  } catch (const core::OutOfMemory& e) {
+    // Surfaces in Python as torch.OutOfMemoryError, as on CUDA.
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  }
   return c10::DataPtr(buffer->address(), buffer, &delete_buffer,
                       c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
 }
