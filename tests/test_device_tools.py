@@ -83,6 +83,15 @@ def test_torch_accelerator_reports_tpu():
     torch.accelerator.synchronize()
     torch.tpu.synchronize("tpu:0")
     assert y[0, 0].item() == 64
+    # torch.accelerator's memory API reads the same registry (the allocator is a DeviceAllocator).
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated()
+    assert torch.accelerator.memory_reserved() == torch.tpu.memory_reserved()
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 <= free <= total
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == torch.tpu.memory_allocated()
+    torch.accelerator.empty_cache()
 
 
 def test_device_arguments_and_errors_follow_torch_cuda():

@@ -392,4 +392,5 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 _C._set_synchronize_hook(client.synchronize)
+_C._set_memory_info_hook(mem_get_info)
 memory.apply_env_limit()

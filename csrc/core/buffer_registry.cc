@@ -141,6 +141,17 @@ void BufferRegistry::reset_peak(int device) {
   s.peak_allocated_bytes = s.allocated_bytes;
 }
 
+void BufferRegistry::reset_accumulated(int device) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  MemoryStats& s = g_devices[device].stats;
+  s.allocated_bytes_total = 0;
+  s.freed_bytes_total = 0;
+  s.num_allocs = 0;
+  s.num_frees = 0;
+  s.num_ooms = 0;
+}
+
 void BufferRegistry::set_limit(int device, int64_t limit) {
   check_device(device);
   std::lock_guard<std::mutex> lock(g_mutex);

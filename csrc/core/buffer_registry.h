@@ -44,6 +44,8 @@ class BufferRegistry {
   void on_free(int device, uintptr_t address, size_t nbytes);
   MemoryStats stats(int device) const;
   void reset_peak(int device);
+  // Zeroes the cumulative counters (bytes and buffers ever allocated and freed, OOMs).
+  void reset_accumulated(int device);
   // Caps the bytes live on `device`; a negative limit means none (the default).
   void set_limit(int device, int64_t limit);
   int64_t limit(int device) const;
