@@ -49,6 +49,9 @@ def _register() -> None:
 _register()
 
 from torch_tpu import metrics  # noqa: E402
+from torch_tpu.tools import stats_file as _stats_file  # noqa: E402
+
+_stats_file.start()  # lets tpu-info see this process's memory
 
 
 def sync() -> None:
