@@ -41,7 +41,7 @@ def _register() -> None:
 
 _register()
 
-from torch_tpu import metrics  # noqa: E402
+from torch_tpu import distributed, metrics  # noqa: E402  (distributed registers the c10d backend "tpu")
 
 
 def sync() -> None:
@@ -54,4 +54,4 @@ def platform() -> str:
     return _client.platform()
 
 
-__all__ = ["metrics", "platform", "sync"]
+__all__ = ["distributed", "metrics", "platform", "sync"]
