@@ -37,6 +37,7 @@ def _register() -> None:
     from torch_tpu import ops
 
     ops.install()
+    from torch_tpu import kernels  # noqa: F401  (Pallas kernels and the SDPA routing)
 
 
 _register()

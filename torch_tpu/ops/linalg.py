@@ -40,7 +40,10 @@ def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _scaled_sum(self, product, beta, alpha):
-    """beta * self + alpha * product; beta == 0 ignores self (even nan/inf), as in torch."""
+    """beta * self + alpha * product; beta == 0 ignores self (even nan/inf), as in torch.
+    Integer results take the scalars truncated to integers, as CPU does."""
+    if not jnp.issubdtype(product.dtype, jnp.inexact):
+        alpha, beta = int(alpha), int(beta)
     if alpha != 1:
         product = product * alpha
     if beta == 0:
