@@ -60,6 +60,9 @@ def _collectives(rank: int, world: int, dev: torch.device) -> None:
     m = torch.tensor([1.0, 5.0], device=dev) * (rank + 1)
     dist.all_reduce(m, op=dist.ReduceOp.MAX)
     _close(m, torch.tensor([2.0, 10.0]), "all_reduce max")
+    a = torch.full((2,), float(rank), device=dev)
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)
+    _close(a, torch.full((2,), (world - 1) / 2), "all_reduce avg")
 
     outs = [torch.empty(3, device=dev) for _ in range(world)]
     dist.all_gather(outs, torch.arange(3.0, device=dev) + 10 * rank)

@@ -72,11 +72,18 @@ class HostTransport:
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("tpu_host/", store), rank, size, timeout)
 
+    def _allreduce_host(self, host: list[torch.Tensor], op) -> None:
+        average = op == dist.ReduceOp.AVG  # gloo has no AVG: a sum, then a division
+        opts = AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM if average else op
+        self.gloo.allreduce(host, opts).wait()
+        if average:
+            for h in host:
+                h.div_(self.gloo.size())
+
     def allreduce(self, tensors: list[torch.Tensor], op) -> None:
         host = [_host(t) for t in tensors]
-        opts = AllreduceOptions()
-        opts.reduceOp = op
-        self.gloo.allreduce(host, opts).wait()
+        self._allreduce_host(host, op)
         for t, h in zip(tensors, host):
             _back(t, h)
 
@@ -91,9 +98,7 @@ class HostTransport:
         # gloo's reduce_scatter is an all-reduce and a slice; do that with one all-reduce per input.
         for out, chunks in zip(outputs, inputs):
             stacked = torch.stack([_host(c) for c in chunks])
-            opts = AllreduceOptions()
-            opts.reduceOp = op
-            self.gloo.allreduce([stacked], opts).wait()
+            self._allreduce_host([stacked], op)
             _back(out, stacked[self.gloo.rank()])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int) -> None:
