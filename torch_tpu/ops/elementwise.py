@@ -960,11 +960,3 @@ def complex_(real, imag):
         )
     shape = jnp.broadcast_shapes(real.shape, imag.shape)
     return lax.complex(jnp.broadcast_to(real, shape), jnp.broadcast_to(imag, shape))
-
-
-@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
-def isin(elements, test_elements, *, assume_unique=False, invert=False):
-    _, (e, t) = promote(elements, test_elements)
-    e, t = jnp.asarray(e), jnp.asarray(t)
-    found = jnp.any(e[..., None] == t.reshape(-1), axis=-1) if t.size else jnp.zeros(e.shape, bool)
-    return ~found if invert else found
