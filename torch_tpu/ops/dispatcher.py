@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import _C, debug, metrics
+from torch_tpu import _C, debug, memory, metrics
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.registry import Lowering
@@ -507,7 +507,11 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         rng = None
         if lowering.random:
             rng = _key_from_data_jit(_generator_key(plan, call, device))
-        flat = entry.run(call.inputs, rng)
+        try:
+            flat = entry.run(call.inputs, rng)
+        except jax.errors.JaxRuntimeError as error:
+            memory.raise_if_out_of_memory(error, device, str(op))
+            raise
         if compile_start is not None:  # jax.jit traces and compiles on the first call
             metrics.record_compile("op", time.perf_counter() - compile_start)
         metrics.bump("executions")
