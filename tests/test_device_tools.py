@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -323,8 +324,11 @@ def test_tpu_info_json_sees_another_process(tmp_path):
         )
         assert done.returncode == 0, done.stderr
         info = json.loads(done.stdout)
+        # The wheel's console script where it is installed (Bazel puts it on PATH).
+        script = shutil.which("tpu-info") or None
+        command = [script] if script else [sys.executable, "-m", "torch_tpu.tools.tpu_info"]
         watch = subprocess.run(
-            [sys.executable, "-m", "torch_tpu.tools.tpu_info", "--json", "--watch", "0.1", "--count", "2"],
+            [*command, "--json", "--watch", "0.1", "--count", "2"],
             env=env,
             capture_output=True,
             text=True,
