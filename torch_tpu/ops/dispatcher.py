@@ -570,7 +570,8 @@ def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) ->
         dtype = _NUMPY_TO_TORCH[np.dtype(array.dtype)]
     elif array.dtype != to_numpy_dtype(dtype):
         array = array.astype(to_numpy_dtype(dtype))
-    buf = array if len(array.sharding.device_set) > 1 else reshape(array, (-1,))  # keep a sharded array's shape
+    sharded = spmd is not None and len(array.sharding.device_set) > 1
+    buf = array if sharded else reshape(array, (-1,))  # a sharded array keeps its shape
     return _C._wrap(buf, list(array.shape), dtype, device)
 
 
