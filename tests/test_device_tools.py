@@ -304,7 +304,10 @@ def test_tpu_info_json_sees_another_process(tmp_path):
     (cache / "sub").mkdir(parents=True)
     (cache / "sub" / "entry.bin").write_bytes(b"x" * 1234)
     env = _subprocess_env(
-        TORCH_TPU_STATS_DIR=str(tmp_path / "stats"), TORCH_TPU_STATS_INTERVAL="0.05", TORCH_TPU_CACHE_DIR=str(cache)
+        TORCH_TPU_STATS_DIR=str(tmp_path / "stats"),
+        TORCH_TPU_STATS_INTERVAL="0.05",
+        TORCH_TPU_CACHE_DIR=str(cache),
+        TORCH_TPU_PERSISTENT_CACHE="0",  # so the cache holds only the file made here
     )
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLDER.format(device=device)],
