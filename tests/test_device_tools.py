@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -303,7 +304,10 @@ def test_tpu_info_json_sees_another_process(tmp_path):
     (cache / "sub").mkdir(parents=True)
     (cache / "sub" / "entry.bin").write_bytes(b"x" * 1234)
     env = _subprocess_env(
-        TORCH_TPU_STATS_DIR=str(tmp_path / "stats"), TORCH_TPU_STATS_INTERVAL="0.05", TORCH_TPU_CACHE_DIR=str(cache)
+        TORCH_TPU_STATS_DIR=str(tmp_path / "stats"),
+        TORCH_TPU_STATS_INTERVAL="0.05",
+        TORCH_TPU_CACHE_DIR=str(cache),
+        TORCH_TPU_PERSISTENT_CACHE="0",  # so the cache holds only the file made here
     )
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLDER.format(device=device)],
@@ -323,8 +327,11 @@ def test_tpu_info_json_sees_another_process(tmp_path):
         )
         assert done.returncode == 0, done.stderr
         info = json.loads(done.stdout)
+        # The wheel's console script where it is installed (Bazel puts it on PATH).
+        script = shutil.which("tpu-info") or None
+        command = [script] if script else [sys.executable, "-m", "torch_tpu.tools.tpu_info"]
         watch = subprocess.run(
-            [sys.executable, "-m", "torch_tpu.tools.tpu_info", "--json", "--watch", "0.1", "--count", "2"],
+            [*command, "--json", "--watch", "0.1", "--count", "2"],
             env=env,
             capture_output=True,
             text=True,
