@@ -40,8 +40,8 @@ def _register() -> None:
     from torch_tpu import ops
 
     ops.install()
-    from torch_tpu import kernels  # noqa: F401  (Pallas kernels and the SDPA routing)
     from torch_tpu import compile as graph_compile
+    from torch_tpu import kernels  # noqa: F401  (Pallas kernels and the SDPA routing)
 
     graph_compile.register()
 
