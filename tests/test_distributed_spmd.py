@@ -4,6 +4,7 @@ training, each compared with the same run on one device."""
 from __future__ import annotations
 
 import copy
+import functools
 import pathlib
 import sys
 
@@ -167,14 +168,19 @@ def _train_llama(model: Llama, mesh: td.Mesh | None, steps: int = 10) -> list[fl
     return losses
 
 
-_TINY = LlamaConfig(n_layers=1)
+def _tiny_llama() -> Llama:
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(n_layers=1))
+
+
+@functools.cache
+def _llama_on_one_device() -> list[float]:
+    return _train_llama(_tiny_llama(), None)
 
 
 @pytest.mark.parametrize("shape,axes", [((8,), ("model",)), ((2, 4), ("data", "model"))], ids=["tp8", "dp2xtp4"])
 def test_llama_tensor_parallel_matches_one_device(shape, axes, no_fallbacks):
-    torch.manual_seed(0)
-    model = Llama(_TINY)
-    single = _train_llama(model, None)
-    sharded = _train_llama(model, td.Mesh(shape, axes))
+    single = _llama_on_one_device()
+    sharded = _train_llama(_tiny_llama(), td.Mesh(shape, axes))
     torch.testing.assert_close(sharded, single, rtol=0, atol=1e-5)
     assert torch_tpu.metrics.counters()["cpu_fallbacks"] == 0

@@ -48,7 +48,10 @@ def _register() -> None:
 
 _register()
 
-from torch_tpu import metrics  # noqa: E402
+from torch_tpu import distributed, metrics  # noqa: E402  (distributed registers the c10d backend "tpu")
+from torch_tpu.tools import stats_file as _stats_file  # noqa: E402
+
+_stats_file.start()  # lets tpu-info see this process's memory
 
 
 def sync() -> None:
@@ -61,4 +64,4 @@ def platform() -> str:
     return _client.platform()
 
 
-__all__ = ["metrics", "platform", "sync"]
+__all__ = ["distributed", "metrics", "platform", "sync"]

@@ -25,10 +25,12 @@ from llama import Llama, LlamaConfig, shard_llama
 
 
 def batches(cfg: LlamaConfig, steps: int, batch: int, seed: int = 0):
+    """`steps` batches cycling over two fixed ones of random tokens (so the loss falls)."""
     g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.max_seq_len + 1), generator=g)
-        yield tokens[:, :-1], tokens[:, 1:]
+    data = [torch.randint(0, cfg.vocab_size, (batch, cfg.max_seq_len + 1), generator=g) for _ in range(2)]
+    for step in range(steps):
+        tokens = data[step % 2]
+        yield tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
 def train(model: Llama, steps: int, batch: int, mesh: td.Mesh | None) -> list[float]:

@@ -11,12 +11,16 @@
 
 from __future__ import annotations
 
+from torch_tpu.distributed import c10d
 from torch_tpu.distributed.mesh import Mesh
 from torch_tpu.distributed.sharding import mark_sharding, sharding_of, sharding_spec
 from torch_tpu.distributed.tensor_parallel import column_parallel, replicate, row_parallel, shard_batch
 
+c10d.register()
+
 __all__ = [
     "Mesh",
+    "c10d",
     "column_parallel",
     "mark_sharding",
     "replicate",

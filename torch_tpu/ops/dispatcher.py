@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import _C, debug, metrics
+from torch_tpu import _C, debug, memory, metrics
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.registry import Lowering
@@ -507,7 +507,11 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         rng = None
         if lowering.random:
             rng = _key_from_data_jit(_generator_key(plan, call, device))
-        flat = entry.run(call.inputs, rng)
+        try:
+            flat = entry.run(call.inputs, rng)
+        except jax.errors.JaxRuntimeError as error:
+            memory.raise_if_out_of_memory(error, device, str(op))
+            raise
         if compile_start is not None:  # jax.jit traces and compiles on the first call
             metrics.record_compile("op", time.perf_counter() - compile_start)
         metrics.bump("executions")
@@ -566,7 +570,8 @@ def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) ->
         dtype = _NUMPY_TO_TORCH[np.dtype(array.dtype)]
     elif array.dtype != to_numpy_dtype(dtype):
         array = array.astype(to_numpy_dtype(dtype))
-    buf = array if len(array.sharding.device_set) > 1 else reshape(array, (-1,))  # keep a sharded array's shape
+    sharded = spmd is not None and len(array.sharding.device_set) > 1
+    buf = array if sharded else reshape(array, (-1,))  # a sharded array keeps its shape
     return _C._wrap(buf, list(array.shape), dtype, device)
 
 

@@ -211,6 +211,19 @@ def bucketize(self, boundaries, *, out_int32=False, right=False):
     return _searchsorted(boundaries, _value(self, boundaries), right, None, out_int32)
 
 
+@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    x, test = jnp.asarray(elements), jnp.asarray(test_elements)
+    dtype = jnp.promote_types(x.dtype, test.dtype)
+    x, test = x.astype(dtype), test.astype(dtype).reshape(-1)
+    if test.size <= 256:  # compare with every test element
+        hit = jnp.any(x[..., None] == test, axis=-1)
+    else:  # look each element up in the sorted test elements
+        ordered = jnp.sort(test)
+        hit = ordered[jnp.clip(jnp.searchsorted(ordered, x), 0, test.size - 1)] == x
+    return ~hit if invert else hit
+
+
 # ---- gather / scatter family ---------------------------------------------------------
 
 
@@ -510,6 +523,9 @@ _masked_scatter_kernel = dispatcher.make_kernel(aten.masked_scatter_.default, Lo
 
 @lower(aten.masked_scatter_.default, eager=True)
 def masked_scatter_(self, mask, source):
+    if mask.dtype != torch.bool:
+        dtype = type_name(mask.dtype)
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {dtype}")
     if source.numel() < self.numel() and mask.dtype == torch.bool:
         mask = _same_device(self, mask)
         shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_tpu.tools.coverage", description=__doc__)
     parser.add_argument("--ops", nargs="*", help="regexes of op_db entry names to run (default: all)")
     parser.add_argument("--shard", default=None, help="I/N: run every N-th entry starting at I")
+    parser.add_argument("--range", default=None, help="A:B: run entries A to B (after --ops and --shard)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--expected", action="store_true", help="print the failures as an expected-failures list")
     parser.add_argument("--failures-only", action="store_true", help="list only rows with a failure")
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.shard:
         index, count = (int(x) for x in args.shard.split("/"))
         ops = ops[index::count]
+    if args.range:
+        first, last = (int(x) if x else None for x in args.range.split(":"))
+        ops = ops[first:last]
     start = time.perf_counter()
     cpu_start = time.process_time()
     results = []
