@@ -17,6 +17,7 @@ _LOWERING_MODULES = (
     "shape",
     "indexing",
     "linalg",
+    "fft",
     "nn",
     "random",
     "optim",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import jax.scipy.special
 import numpy as np
 import torch
 from jax import lax
@@ -909,3 +910,53 @@ __all__ = [
     "to_float",
     "type_name",
 ]
+
+
+# ---- special functions, number theory -----------------------------------------------------
+
+
+def _special(fn):
+    def lowering(self):
+        (x,) = to_float(self)
+        return fn(x)
+
+    return lowering
+
+
+for _op, _fn in {
+    aten.i0.default: jax.scipy.special.i0,
+    aten.special_i0e.default: jax.scipy.special.i0e,
+    aten.special_i1.default: jax.scipy.special.i1,
+    aten.special_i1e.default: jax.scipy.special.i1e,
+    aten.special_ndtri.default: jax.scipy.special.ndtri,
+}.items():
+    lower(_op)(_special(_fn))
+
+
+@lower(aten.frexp.Tensor)
+def frexp(self):
+    mantissa, exponent = jnp.frexp(self)
+    return mantissa, exponent.astype(jnp.int32)
+
+
+@lower(aten.gcd.default)
+def gcd(self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.gcd(a, b)
+
+
+@lower(aten.lcm.default)
+def lcm(self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.lcm(a, b)
+
+
+@lower(aten.complex.default)
+def complex_(real, imag):
+    if real.dtype != imag.dtype:
+        raise RuntimeError(
+            f"Expected object of scalar type {type_name(real.dtype)} but got scalar type {type_name(imag.dtype)} "
+            "for second argument"
+        )
+    shape = jnp.broadcast_shapes(real.shape, imag.shape)
+    return lax.complex(jnp.broadcast_to(real, shape), jnp.broadcast_to(imag, shape))

@@ -523,6 +523,9 @@ _masked_scatter_kernel = dispatcher.make_kernel(aten.masked_scatter_.default, Lo
 
 @lower(aten.masked_scatter_.default, eager=True)
 def masked_scatter_(self, mask, source):
+    if mask.dtype != torch.bool:
+        dtype = type_name(mask.dtype)
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {dtype}")
     if source.numel() < self.numel() and mask.dtype == torch.bool:
         mask = _same_device(self, mask)
         shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))

@@ -40,7 +40,10 @@ def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _scaled_sum(self, product, beta, alpha):
-    """beta * self + alpha * product; beta == 0 ignores self (even nan/inf), as in torch."""
+    """beta * self + alpha * product; beta == 0 ignores self (even nan/inf), as in torch.
+    Integer results take the scalars truncated to integers, as CPU does."""
+    if not jnp.issubdtype(product.dtype, jnp.inexact):
+        alpha, beta = int(alpha), int(beta)
     if alpha != 1:
         product = product * alpha
     if beta == 0:
@@ -277,6 +280,8 @@ def linalg_cholesky_ex(A, *, upper=False, check_errors=False):
     L = jnp.tril(lax.linalg.cholesky(A, symmetrize_input=False))
     # A failed factorization leaves nan on the diagonal from the first bad pivot on.
     bad = ~jnp.isfinite(jnp.diagonal(L, axis1=-2, axis2=-1))
+    if A.shape[-1] == 0:
+        return L, jnp.zeros(A.shape[:-2], jnp.int32)
     first = jnp.argmax(bad, axis=-1).astype(jnp.int32) + 1
     info = jnp.where(jnp.any(bad, axis=-1), first, 0).astype(jnp.int32)
     if upper:
@@ -372,3 +377,8 @@ def linalg_matrix_exp(self):
 def linalg_cross(self, other, *, dim=-1):
     shape = jnp.broadcast_shapes(self.shape, other.shape)
     return jnp.cross(jnp.broadcast_to(self, shape), jnp.broadcast_to(other, shape), axis=dim)
+
+
+@lower(aten.cholesky.default)
+def cholesky(self, upper=False):
+    return linalg_cholesky_ex(self, upper=upper)[0]

@@ -27,6 +27,8 @@ def _uniform(rng, shape, dtype) -> jnp.ndarray:
 @lower(aten.uniform_.default, random=True)
 def uniform_(self, low=0.0, high=1.0, *, rng):
     require("check_uniform_bounds", self.dtype, bool_ok=False, int_ok=False)
+    if low > high:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
     if low == 0.0 and high == 1.0:
         return jax.random.uniform(rng, self.shape, self.dtype)
     return jax.random.uniform(rng, self.shape, self.dtype, low, high)

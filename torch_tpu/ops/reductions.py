@@ -529,3 +529,16 @@ def bincount(self, weights=None, minlength=0):
     metrics.bump("executions")
     w = None if weights is None else to_jax(weights)
     return from_jax(_bincount(to_jax(self), w, length), self.device.index)
+
+
+@lower(aten.equal.default, eager=True)
+def equal(self, other):
+    """torch.equal: same shape and equal elements (after promotion; NaN is unequal), as a Python bool."""
+    if self.device != other.device:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {self.device} and "
+            f"{other.device}!"
+        )
+    if self.shape != other.shape:
+        return False
+    return bool(torch.all(torch.eq(self, other)).item())

@@ -1,0 +1,1 @@
+"""Test support that ships with the wheel (the OpInfo sweep behind `python -m torch_tpu.tools.coverage`)."""
