@@ -17,31 +17,24 @@ from tests.helpers import native_only
 VOCAB = 128
 
 
+# The Llama-family configs' shared sizes: 4 query heads over 2 K/V heads (grouped-query attention).
+_DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
 def _llama() -> transformers.PreTrainedModel:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**_DECODER))
 
 
 def _qwen2() -> transformers.PreTrainedModel:
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return transformers.Qwen2ForCausalLM(config)
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_DECODER, tie_word_embeddings=True))
 
 
 def _gpt2() -> transformers.PreTrainedModel:
