@@ -1,0 +1,101 @@
+"""Hugging Face transformers models, unmodified, on tpu: small random-init configs (nothing is
+downloaded), forward logits, three training steps and greedy generate() against CPU."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub access: models come from configs
+
+import pytest
+import torch
+import transformers
+
+from tests.helpers import native_only
+
+VOCAB = 128
+
+
+# The Llama-family configs' shared sizes: 4 query heads over 2 K/V heads (grouped-query attention).
+_DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
+def _llama() -> transformers.PreTrainedModel:
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**_DECODER))
+
+
+def _qwen2() -> transformers.PreTrainedModel:
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_DECODER, tie_word_embeddings=True))
+
+
+def _gpt2() -> transformers.PreTrainedModel:
+    # No dropout: tpu's random streams differ from CPU's, so training runs compare only without it.
+    no_dropout = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0, **no_dropout
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+MODELS = {"llama": _llama, "qwen2": _qwen2, "gpt2": _gpt2}
+
+
+@pytest.fixture(params=sorted(MODELS))
+def models(request):
+    """The same random-init model on CPU and on tpu, in eval mode."""
+    torch.manual_seed(0)
+    cpu_model = MODELS[request.param]().eval()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    return cpu_model, tpu_model
+
+
+def _ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_forward_logits_match_cpu(models):
+    cpu_model, tpu_model = models
+    ids = _ids(2, 16)
+    with torch.no_grad():
+        expected = cpu_model(ids).logits
+        logits = native_only(lambda: tpu_model(ids.to("tpu")).logits)
+    assert logits.device.type == "tpu"
+    torch.testing.assert_close(logits.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_three_training_steps_match_cpu(models):
+    losses = []
+    for model, device in zip(models, ("cpu", "tpu")):
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        run = []
+        for step in range(3):
+            ids = _ids(2, 16, seed=step).to(device)
+            loss = model(input_ids=ids, labels=ids).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            run.append(loss.item())
+        losses.append(run)
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-5)
+    for (name, p_cpu), p_tpu in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(p_tpu.detach().cpu(), p_cpu.detach(), rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_generate_matches_cpu(models):
+    cpu_model, tpu_model = models
+    prompt = _ids(1, 4)
+    settings = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    expected = cpu_model.generate(prompt, **settings)
+    tokens = native_only(lambda: tpu_model.generate(prompt.to("tpu"), **settings))
+    assert tokens.shape == (1, 12)
+    torch.testing.assert_close(tokens.cpu(), expected, rtol=0, atol=0)
