@@ -968,3 +968,38 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
     e, t = jnp.asarray(e), jnp.asarray(t)
     found = jnp.any(e[..., None] == t.reshape(-1), axis=-1) if t.size else jnp.zeros(e.shape, bool)
     return ~found if invert else found
+
+
+def _digamma(x):
+    # torch: digamma(0) is -inf (of the sign of the zero: pole from the right), XLA gives nan.
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), lax.digamma(x))
+
+
+lower(aten.lgamma.default)(_special(lax.lgamma))
+lower(aten.digamma.default)(_special(_digamma))
+
+
+@lower(aten.igamma.default)
+def igamma(self, other):
+    a, x = _float_args(self, other)
+    return jax.scipy.special.gammainc(a, x)
+
+
+@lower(aten.igammac.default)
+def igammac(self, other):
+    a, x = _float_args(self, other)
+    return jax.scipy.special.gammaincc(a, x)
+
+
+@lower(aten.nextafter.default)
+def nextafter(self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.nextafter(a, b)
+
+
+@lower(aten.angle.default)
+def angle(self):
+    if jnp.iscomplexobj(self):
+        return jnp.angle(self)
+    (x,) = to_float(self)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(math.pi, x.dtype), jnp.zeros_like(x)))

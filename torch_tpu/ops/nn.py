@@ -1651,3 +1651,31 @@ def log_sigmoid_forward(self):
 def log_sigmoid_backward(grad_output, self, buffer):
     x, g = _up(self), _up(grad_output)
     return g * jax.nn.sigmoid(-x)
+
+
+@lower(aten.softshrink.default)
+def softshrink(self, lambd=0.5):
+    x = _up(self)
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+
+
+@lower(aten.softshrink_backward.default)
+def softshrink_backward(grad_output, self, lambd):
+    return jnp.where(jnp.abs(self) > lambd, grad_output, jnp.zeros_like(grad_output))
+
+
+@lower(aten.hardshrink.default)
+def hardshrink(self, lambd=0.5):
+    return jnp.where(jnp.abs(self) > lambd, self, jnp.zeros_like(self))
+
+
+@lower(aten.hardshrink_backward.default)
+def hardshrink_backward(grad_out, self, lambd):
+    return jnp.where(jnp.abs(self) > lambd, grad_out, jnp.zeros_like(grad_out))
+
+
+@lower(aten.channel_shuffle.default)
+def channel_shuffle(self, groups):
+    n, c = self.shape[:2]
+    x = self.reshape(n, groups, c // groups, *self.shape[2:])
+    return jnp.swapaxes(x, 1, 2).reshape(self.shape)
