@@ -120,6 +120,20 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(storage), 0, {0}, {});
 }
 
+// Whether `self.data = from` may swap `from`'s storage into `self` in place. nn.Module.to() asks
+// this; with upstream's answer (false: it knows only the built-in dense backends) a CPU <-> tpu
+// move would replace every Parameter object, untying shared weights and leaving optimizers with
+// stale references. Dense CPU and tpu tensors are the same plain TensorImpl, as CPU and CUDA are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense_cpu_or_tpu = [](c10::DispatchKeySet keys) {
+    constexpr auto backends = c10::DispatchKeySet({c10::BackendComponent::CPUBit,
+                                                   c10::BackendComponent::PrivateUse1Bit});
+    return keys.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && keys.has_any(backends);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense_cpu_or_tpu(self.key_set()) && dense_cpu_or_tpu(from.key_set()));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -130,6 +144,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", set_source_storage);
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_", set_empty);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   // Views reuse the metadata-only native kernels, so they alias storage.
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);

@@ -10,6 +10,9 @@
 
 #include <ATen/ATen.h>
 
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -28,6 +31,28 @@ using c10::Stream;
 using core::DeviceRegistry;
 
 constexpr DeviceType kTpu = DeviceType::PrivateUse1;
+
+// Never destroyed: it may be called during interpreter shutdown.
+pybind11::object* g_synchronize_hook = new pybind11::object();
+
+// Waits for all queued work (jax dispatches asynchronously).
+void synchronize_all() {
+  if (!Py_IsInitialized()) {
+    return;
+  }
+  pybind11::gil_scoped_acquire gil;
+  if (g_synchronize_hook->is_none() || !*g_synchronize_hook) {
+    return;
+  }
+  (*g_synchronize_hook)();
+}
+
+// An event: when it was recorded, and whether it was created for timing.
+struct TpuEvent {
+  bool timing = false;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point time;
+};
 
 DeviceIndex checked_index(DeviceIndex index) {
   const int count = DeviceRegistry::instance().device_count();
@@ -62,38 +87,54 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     } catch (const std::exception&) {
     }
   }
-  Stream getStream(Device d) const override { return Stream(Stream::DEFAULT, d); }
-  Stream getDefaultStream(Device d) const override { return Stream(Stream::DEFAULT, d); }
-  Stream getNewStream(Device d, int /*priority*/) const override { return Stream(Stream::DEFAULT, d); }
+  Stream getStream(Device d) const override { return Stream(Stream::DEFAULT, resolved(d)); }
+  Stream getDefaultStream(Device d) const override { return Stream(Stream::DEFAULT, resolved(d)); }
+  Stream getNewStream(Device d, int /*priority*/) const override { return Stream(Stream::DEFAULT, resolved(d)); }
   Stream getStreamFromGlobalPool(Device d, bool /*high_priority*/) const override {
-    return Stream(Stream::DEFAULT, d);
+    return Stream(Stream::DEFAULT, resolved(d));
   }
+  // Device d, with index -1 meaning the current device.
+  Device resolved(Device d) const { return d.has_index() ? d : getDevice(); }
   Stream exchangeStream(Stream s) const override { return Stream(Stream::DEFAULT, s.device()); }
   DeviceIndex deviceCount() const noexcept override {
     return static_cast<DeviceIndex>(DeviceRegistry::instance().device_count());
   }
 
-  // Events record a position in the single in-order stream; work is
-  // synchronized through torch_tpu.sync(), so they are complete when queried
-  // after a synchronize. An event handle is a heap-allocated flag.
+  // Execution is in order per device, so an event is an ordering point only;
+  // waits are no-ops. A timing event waits for queued work before it takes
+  // its timestamp, so elapsed_time is real wall time of the work between two.
   void record(void** event, const Stream& /*stream*/, const DeviceIndex /*device_index*/,
-              const c10::EventFlag /*flag*/) const override {
+              const c10::EventFlag flag) const override {
     if (*event == nullptr) {
-      *event = new int(1);
+      auto* created = new TpuEvent();
+      created->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+      *event = created;
     }
+    auto* e = static_cast<TpuEvent*>(*event);
+    if (e->timing) {
+      synchronize_all();
+    }
+    e->time = std::chrono::steady_clock::now();
+    e->recorded = true;
   }
   void block(void* /*event*/, const Stream& /*stream*/) const override {}
   bool queryEvent(void* /*event*/) const override { return true; }
   void destroyEvent(void* event, const DeviceIndex /*device_index*/) const noexcept override {
-    delete static_cast<int*>(event);
+    delete static_cast<TpuEvent*>(event);
   }
   bool queryStream(const Stream& /*stream*/) const override { return true; }
-  void synchronizeStream(const Stream& /*stream*/) const override {}
-  void synchronizeEvent(void* /*event*/) const override {}
-  void synchronizeDevice(const DeviceIndex /*device_index*/) const override {}
+  void synchronizeStream(const Stream& /*stream*/) const override { synchronize_all(); }
+  void synchronizeEvent(void* /*event*/) const override { synchronize_all(); }
+  void synchronizeDevice(const DeviceIndex /*device_index*/) const override { synchronize_all(); }
   void recordDataPtrOnStream(const c10::DataPtr& /*data_ptr*/, const Stream& /*stream*/) const override {}
-  double elapsedTime(void* /*event1*/, void* /*event2*/, const DeviceIndex /*device_index*/) const override {
-    TORCH_CHECK(false, "tpu events do not record timing; use torch_tpu.tools.profile()");
+  double elapsedTime(void* event1, void* event2, const DeviceIndex /*device_index*/) const override {
+    const auto* start = static_cast<const TpuEvent*>(event1);
+    const auto* end = static_cast<const TpuEvent*>(event2);
+    TORCH_CHECK(start != nullptr && end != nullptr && start->recorded && end->recorded,
+                "Both events must be recorded before calculating elapsed time.");
+    TORCH_CHECK(start->timing && end->timing,
+                "Both events must be created with argument 'enable_timing=True'.");
+    return std::chrono::duration<double, std::milli>(end->time - start->time).count();
   }
 };
 
@@ -189,6 +230,10 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
 };
 
 }  // namespace
+
+void set_synchronize_hook(PyObject* hook) {
+  *g_synchronize_hook = pybind11::reinterpret_borrow<pybind11::object>(hook);
+}
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
 

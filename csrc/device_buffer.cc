@@ -1,7 +1,10 @@
 #include "csrc/device_buffer.h"
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
+
+#include <utility>
 
 #include "csrc/core/buffer_registry.h"
 #include "csrc/core/device_registry.h"
@@ -13,7 +16,18 @@ using core::BufferRegistry;
 
 void delete_buffer(void* ctx) { delete static_cast<DeviceBuffer*>(ctx); }
 
-class TpuAllocator final : public c10::Allocator {
+PyObject* g_memory_info_hook = nullptr;  // owned reference, or null
+
+c10::CachingAllocator::Stat stat(int64_t current, int64_t peak, int64_t allocated, int64_t freed) {
+  c10::CachingAllocator::Stat s;
+  s.current = current;
+  s.peak = peak;
+  s.allocated = allocated;
+  s.freed = freed;
+  return s;
+}
+
+class TpuAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     return allocate_buffer(core::DeviceRegistry::instance().current_device(), nbytes);
@@ -21,6 +35,54 @@ class TpuAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
     TORCH_CHECK(false, "tpu storages have no host memory to copy; use tensor.copy_() or .cpu()");
+  }
+
+  // Buffers are freed when their storage dies: nothing is cached, and reserved equals allocated.
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const core::MemoryStats m = BufferRegistry::instance().stats(device);
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    const auto bytes =
+        stat(m.allocated_bytes, m.peak_allocated_bytes, m.allocated_bytes_total, m.freed_bytes_total);
+    stats.allocated_bytes[all] = bytes;
+    stats.reserved_bytes[all] = bytes;
+    stats.active_bytes[all] = bytes;
+    stats.requested_bytes[all] = bytes;
+    const auto buffers = stat(m.active_buffers, m.active_buffers, m.num_allocs, m.num_frees);
+    stats.allocation[all] = buffers;
+    stats.segment[all] = buffers;
+    stats.active[all] = buffers;
+    stats.num_ooms = m.num_ooms;
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { BufferRegistry::instance().reset_accumulated(device); }
+  void resetPeakStats(c10::DeviceIndex device) override { BufferRegistry::instance().reset_peak(device); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    PyGILState_STATE state = PyGILState_Ensure();
+    unsigned long long free_bytes = 0, total_bytes = 0;
+    PyObject* result =
+        g_memory_info_hook != nullptr ? PyObject_CallFunction(g_memory_info_hook, "i", static_cast<int>(device)) : nullptr;
+    const bool ok = result != nullptr && PyArg_ParseTuple(result, "KK", &free_bytes, &total_bytes);
+    Py_XDECREF(result);
+    std::string error = "torch.tpu.mem_get_info is not available";
+    if (!ok && PyErr_Occurred()) {
+      PyObject *type, *value, *traceback;
+      PyErr_Fetch(&type, &value, &traceback);
+      PyObject* text = value != nullptr ? PyObject_Str(value) : nullptr;
+      if (text != nullptr && PyUnicode_Check(text)) {
+        error = PyUnicode_AsUTF8(text);
+      }
+      Py_XDECREF(text);
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(traceback);
+    }
+    PyGILState_Release(state);
+    TORCH_CHECK(ok, error);
+    return {static_cast<size_t>(free_bytes), static_cast<size_t>(total_bytes)};
   }
 };
 
@@ -63,8 +125,24 @@ void DeviceBuffer::set_array(PyObject* array, c10::ScalarType dtype, int64_t num
 
 c10::Allocator* tpu_allocator() { return &g_allocator; }
 
+void set_memory_info_hook(PyObject* hook) {
+  Py_XINCREF(hook);
+  PyObject* old = g_memory_info_hook;
+  g_memory_info_hook = hook == Py_None ? nullptr : hook;
+  if (hook == Py_None) {
+    Py_DECREF(hook);
+  }
+  Py_XDECREF(old);
+}
+
 c10::DataPtr allocate_buffer(int device, size_t nbytes) {
-  auto* buffer = new DeviceBuffer(device, nbytes);
+  DeviceBuffer* buffer = nullptr;
+  try {
+    buffer = new DeviceBuffer(device, nbytes);
+  } catch (const core::OutOfMemory& e) {
+    // Surfaces in Python as torch.OutOfMemoryError, as on CUDA.
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  }
   return c10::DataPtr(buffer->address(), buffer, &delete_buffer,
                       c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
 }

@@ -43,8 +43,13 @@ class DeviceBuffer {
   int64_t array_numel_ = -1;
 };
 
-// The allocator registered for the PrivateUse1 device type.
+// The allocator registered for the PrivateUse1 device type: a c10::DeviceAllocator, so
+// torch.accelerator's memory functions read the buffer registry's stats.
 c10::Allocator* tpu_allocator();
+
+// The Python callable (index -> (free, total)) behind the allocator's getMemoryInfo
+// (torch.accelerator.get_memory_info). Caller holds the GIL.
+void set_memory_info_hook(PyObject* hook);
 
 // Makes a DataPtr owning a fresh DeviceBuffer on `device`.
 c10::DataPtr allocate_buffer(int device, size_t nbytes);

@@ -15,6 +15,7 @@
 #include "csrc/core/device_registry.h"
 #include "csrc/device.h"
 #include "csrc/device_buffer.h"
+#include "csrc/profiler.h"
 
 namespace py = pybind11;
 
@@ -87,6 +88,9 @@ py::dict memory_stats(int device) {
   d["active.all.current"] = s.active_buffers;
   d["allocation.all.allocated"] = s.num_allocs;
   d["allocation.all.freed"] = s.num_frees;
+  d["allocated_bytes.all.allocated"] = s.allocated_bytes_total;
+  d["allocated_bytes.all.freed"] = s.freed_bytes_total;
+  d["num_ooms"] = s.num_ooms;
   return d;
 }
 
@@ -139,6 +143,14 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_memory_stats", &memory_stats, py::arg("device"));
   m.def("_reset_peak_memory_stats", [](int d) { core::BufferRegistry::instance().reset_peak(d); });
+  m.def("_set_memory_limit", [](int d, int64_t limit) { core::BufferRegistry::instance().set_limit(d, limit); },
+        py::arg("device"), py::arg("limit"));
+  m.def("_memory_limit", [](int d) { return core::BufferRegistry::instance().limit(d); }, py::arg("device"));
+  m.def("_set_memory_info_hook", [](const py::object& hook) { set_memory_info_hook(hook.ptr()); }, py::arg("hook"));
+  m.def("_set_synchronize_hook", [](const py::object& hook) { set_synchronize_hook(hook.ptr()); }, py::arg("hook"));
+  m.def("_start_trace_annotations", [](const py::object& enter, bool ops) { start_trace_annotations(enter.ptr(), ops); },
+        py::arg("enter"), py::arg("ops"));
+  m.def("_stop_trace_annotations", &stop_trace_annotations);
 
   m.def("_default_generator", &default_generator_object, py::arg("device"));
   m.def("_reserve_random", &reserve, py::arg("generator"), py::arg("device"), py::arg("increment"));

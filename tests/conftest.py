@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("TORCH_TPU_PLATFORM", "cpu")
+# The persistent compile cache of this test session, not the user's.
+os.environ.setdefault("TORCH_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_test_cache_"))
 
 import pytest
 import torch

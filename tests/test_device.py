@@ -273,3 +273,36 @@ def test_copy_into_expanded_tensor_raises_like_cpu():
         x = torch.zeros(1, 6, device=device)
         with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
             x.expand(4, 6).copy_(torch.ones(4, 6, device=device))
+
+
+def _tied_lm() -> torch.nn.ModuleDict:
+    embed = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = embed.weight  # tied, as in GPT-2 and small Qwen2 models
+    return torch.nn.ModuleDict({"embed": embed, "head": head})
+
+
+def test_module_to_keeps_parameters_and_tied_weights(no_fallbacks):
+    # Module.to() moves each Parameter in place (`param.data = moved`), as for CUDA: shared
+    # weights stay shared, and an optimizer made before the move keeps updating the model.
+    cpu_model = _tied_lm()
+    model = _tied_lm()
+    model.load_state_dict(cpu_model.state_dict())
+    params = list(model.parameters())
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (cpu_model, model)]
+    model.to("tpu")
+    moved = list(model.parameters())
+    assert len(moved) == len(params) == 1 and moved[0] is params[0]
+    assert model["head"].weight is model["embed"].weight and params[0].device.type == "tpu"
+    idx = torch.tensor([[1, 2, 3], [3, 2, 9]])
+    for m, opt, device in ((cpu_model, optimizers[0], "cpu"), (model, optimizers[1], "tpu")):
+        for _ in range(2):
+            loss = torch.nn.functional.cross_entropy(
+                m["head"](m["embed"](idx.to(device))).flatten(0, 1), idx.flatten().to(device)
+            )
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    torch.testing.assert_close(params[0].cpu(), cpu_model["embed"].weight)
+    model.to("cpu", torch.float64)
+    assert params[0].device.type == "cpu" and params[0].dtype == torch.float64 and model["head"].weight is params[0]

@@ -598,6 +598,17 @@ def test_searchsorted_bucketize():
     same(lambda s, v: torch.bucketize(v, s, right=True, out_int32=True), seq, v)
     same(lambda s: torch.searchsorted(s, torch.tensor([2, 5], device=s.device)), torch.tensor([1, 2, 5, 9]))
     same(lambda s: torch.searchsorted(s, torch.tensor([2.5], device=s.device)), torch.tensor([1, 2, 5, 9]))
+
+
+def test_isin():
+    x = torch.tensor([[1, 5, 2], [7, 2, 0]])
+    same(lambda x, t: torch.isin(x, t), x, torch.tensor([2, 7, 9]))
+    same(lambda x, t: torch.isin(x, t, invert=True), x, torch.tensor([2, 7, 9]))
+    same(lambda x, t: torch.isin(x, t), x, torch.tensor([], dtype=torch.long))
+    same(lambda x, t: torch.isin(x, t), x, torch.arange(0, 1000, 7))  # the sorted lookup
+    same(lambda x, t: torch.isin(x, t), torch.tensor([1.0, NAN, 2.5]), torch.tensor([NAN, 2.5, 3]))
+    same(lambda x: torch.isin(x, 2), x)
+    same(lambda t: torch.isin(5, t), torch.tensor([1, 5]))
     same(lambda s: torch.searchsorted(s, 0.1, right=True), torch.tensor([0.1, 0.2]))  # scalar in float32
     same(lambda s: torch.bucketize(0.1, s, right=True), torch.tensor([0.1, 0.2]))
 

@@ -21,6 +21,9 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
+    from torch_tpu.runtime import persistent_cache
+
+    persistent_cache.install()
     torch.utils.rename_privateuse1_backend("tpu")
     _C._register_device()
     devices = _client.devices()
@@ -37,11 +40,18 @@ def _register() -> None:
     from torch_tpu import ops
 
     ops.install()
+    from torch_tpu import compile as graph_compile
+    from torch_tpu import kernels  # noqa: F401  (Pallas kernels and the SDPA routing)
+
+    graph_compile.register()
 
 
 _register()
 
-from torch_tpu import metrics  # noqa: E402
+from torch_tpu import distributed, metrics  # noqa: E402  (distributed registers the c10d backend "tpu")
+from torch_tpu.tools import stats_file as _stats_file  # noqa: E402
+
+_stats_file.start()  # lets tpu-info see this process's memory
 
 
 def sync() -> None:
@@ -54,4 +64,4 @@ def platform() -> str:
     return _client.platform()
 
 
-__all__ = ["metrics", "platform", "sync"]
+__all__ = ["distributed", "metrics", "platform", "sync"]

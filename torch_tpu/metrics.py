@@ -18,6 +18,7 @@ _COUNTER_KEYS = (
 _counts: Counter[str] = Counter()
 _fallback_ops: Counter[str] = Counter()
 _compile_seconds: Counter[str] = Counter()  # kind ("op", "graph") -> total seconds
+_compile_counts: Counter[str] = Counter()  # kind -> compiles timed
 
 
 def bump(key: str, n: int = 1) -> None:
@@ -32,6 +33,7 @@ def record_fallback(op_name: str) -> None:
 def record_compile(kind: str, seconds: float) -> None:
     """Adds one compile's wall time (trace + XLA compile) under `kind`: "op" or "graph"."""
     _compile_seconds[kind] += seconds
+    _compile_counts[kind] += 1
 
 
 def compile_seconds() -> dict[str, float]:
@@ -51,21 +53,38 @@ def reset() -> None:
     _counts.clear()
     _fallback_ops.clear()
     _compile_seconds.clear()
+    _compile_counts.clear()
 
 
-def report() -> str:
-    """Readable text of the counters and the most frequent CPU-fallback ops."""
+def _hit_rate(hits: int, misses: int) -> str:
+    lookups = hits + misses
+    return f"{hits / lookups:.1%} of {lookups} lookups" if lookups else "no lookups"
+
+
+def report(top: int = 20) -> str:
+    """Readable text: counters, cache hit rates, compile times and the `top` CPU-fallback ops."""
     snap = counters()
-    lines = ["torch_tpu metrics"]
+    lines = ["torch_tpu metrics", "  counters:"]
     for key in _COUNTER_KEYS:
-        lines.append(f"  {key:22s} {snap[key]}")
-    lookups = snap["op_compiles"] + snap["op_cache_hits"]
-    if lookups:
-        lines.append(f"  {'op cache hit rate':22s} {snap['op_cache_hits'] / lookups:.1%}")
-    for kind, seconds in sorted(_compile_seconds.items()):
-        lines.append(f"  {kind + ' compile time':22s} {seconds:.3f} s")
+        lines.append(f"    {key:24s} {snap[key]}")
+    for key in sorted(k for k in snap if k not in _COUNTER_KEYS and k != "cpu_fallback_ops"):
+        lines.append(f"    {key:24s} {snap[key]}")
+    lines.append("  cache hit rates:")
+    lines.append(f"    {'op executables':24s} {_hit_rate(snap['op_cache_hits'], snap['op_compiles'])}")
+    lines.append(f"    {'graph executables':24s} {_hit_rate(snap['graph_cache_hits'], snap['graph_compiles'])}")
+    compiles = snap["op_compiles"] + snap["graph_compiles"]
+    persistent = snap["persistent_cache_hits"]
+    if persistent or compiles:
+        lines.append(f"    {'persistent cache':24s} {persistent} executables loaded from disk ({compiles} compiles)")
+    if _compile_seconds:
+        lines.append("  compile time (trace + XLA compile, wall):")
+        for kind, seconds in sorted(_compile_seconds.items()):
+            n = _compile_counts[kind]
+            lines.append(f"    {kind:24s} {seconds:.3f} s in {n} compiles, {1000 * seconds / max(n, 1):.1f} ms each")
     if _fallback_ops:
-        lines.append("  CPU fallback ops:")
-        for name, count in _fallback_ops.most_common(20):
-            lines.append(f"    {name:40s} {count}")
+        lines.append(f"  CPU fallbacks: {snap['cpu_fallbacks']} calls of {len(_fallback_ops)} ops (top {top}):")
+        for name, count in _fallback_ops.most_common(top):
+            lines.append(f"    {name:48s} {count}")
+    else:
+        lines.append("  CPU fallbacks: none")
     return "\n".join(lines)

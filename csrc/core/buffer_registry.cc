@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -16,6 +17,7 @@ constexpr int kNumClasses = kDeviceShift - kMinClassLog2;
 
 struct DeviceState {
   MemoryStats stats;
+  int64_t limit = -1;
   uintptr_t bump = 0;
   std::array<std::vector<uintptr_t>, kNumClasses> free_lists;
 };
@@ -29,18 +31,54 @@ void check_device(int device) {
   }
 }
 
-int size_class(size_t nbytes) {
+// Bytes for people, as torch_tpu.memory.format_bytes: 512 B, 3.00 KiB, 1.50 GiB.
+std::string mib(int64_t bytes) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (unit < 4 && (value >= 1024.0 || value <= -1024.0)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[64];
+  if (unit == 0) {
+    std::snprintf(text, sizeof(text), "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(text, sizeof(text), "%.2f %s", value, units[unit]);
+  }
+  return text;
+}
+
+std::string oom_message(int device, size_t requested, int64_t allocated, int64_t limit) {
+  std::string text = "tpu:" + std::to_string(device) + " out of memory. Tried to allocate " +
+                     mib(static_cast<int64_t>(requested)) + " (" + std::to_string(requested) + " bytes); " +
+                     mib(allocated) + " (" + std::to_string(allocated) + " bytes) already allocated; ";
+  if (limit < 0) {
+    return text + "the request exceeds the device address range";
+  }
+  return text + "limit " + mib(limit) + " (" + std::to_string(limit) +
+         " bytes), set by torch.tpu.set_per_process_memory_fraction or TORCH_TPU_MEMORY_LIMIT";
+}
+
+int size_class(int device, size_t nbytes, int64_t allocated) {
   int log2 = kMinClassLog2;
   while (log2 < kDeviceShift && (size_t{1} << log2) < nbytes) {
     ++log2;
   }
   if (log2 >= kDeviceShift) {
-    throw std::length_error("torch_tpu: buffer larger than the device address range");
+    throw OutOfMemory(device, nbytes, allocated, -1);
   }
   return log2 - kMinClassLog2;
 }
 
 }  // namespace
+
+OutOfMemory::OutOfMemory(int device, size_t requested, int64_t allocated, int64_t limit)
+    : std::runtime_error(oom_message(device, requested, allocated, limit)),
+      device(device),
+      requested(requested),
+      allocated(allocated),
+      limit(limit) {}
 
 BufferRegistry& BufferRegistry::instance() {
   static BufferRegistry registry;
@@ -49,13 +87,13 @@ BufferRegistry& BufferRegistry::instance() {
 
 uintptr_t BufferRegistry::on_alloc(int device, size_t nbytes) {
   check_device(device);
-  const int cls = size_class(nbytes);
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& d = g_devices[device];
-  d.stats.allocated_bytes += static_cast<int64_t>(nbytes);
-  d.stats.peak_allocated_bytes = std::max(d.stats.peak_allocated_bytes, d.stats.allocated_bytes);
-  d.stats.active_buffers += 1;
-  d.stats.num_allocs += 1;
+  const int cls = size_class(device, nbytes, d.stats.allocated_bytes);
+  if (d.limit >= 0 && d.stats.allocated_bytes + static_cast<int64_t>(nbytes) > d.limit) {
+    d.stats.num_ooms += 1;
+    throw OutOfMemory(device, nbytes, d.stats.allocated_bytes, d.limit);
+  }
   uintptr_t offset;
   auto& free_list = d.free_lists[cls];
   if (!free_list.empty()) {
@@ -64,20 +102,26 @@ uintptr_t BufferRegistry::on_alloc(int device, size_t nbytes) {
   } else {
     const uintptr_t span = uintptr_t{1} << (cls + kMinClassLog2);
     if (d.bump + span > (uintptr_t{1} << kDeviceShift)) {
-      throw std::length_error("torch_tpu: device address range exhausted");
+      throw OutOfMemory(device, nbytes, d.stats.allocated_bytes, -1);
     }
     offset = d.bump;
     d.bump += span;
   }
+  d.stats.allocated_bytes += static_cast<int64_t>(nbytes);
+  d.stats.allocated_bytes_total += static_cast<int64_t>(nbytes);
+  d.stats.peak_allocated_bytes = std::max(d.stats.peak_allocated_bytes, d.stats.allocated_bytes);
+  d.stats.active_buffers += 1;
+  d.stats.num_allocs += 1;
   return kAddressBase + (static_cast<uintptr_t>(device) << kDeviceShift) + offset;
 }
 
 void BufferRegistry::on_free(int device, uintptr_t address, size_t nbytes) {
   check_device(device);
-  const int cls = size_class(nbytes);
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& d = g_devices[device];
+  const int cls = size_class(device, nbytes, d.stats.allocated_bytes);
   d.stats.allocated_bytes -= static_cast<int64_t>(nbytes);
+  d.stats.freed_bytes_total += static_cast<int64_t>(nbytes);
   d.stats.active_buffers -= 1;
   d.stats.num_frees += 1;
   const uintptr_t device_base = kAddressBase + (static_cast<uintptr_t>(device) << kDeviceShift);
@@ -95,6 +139,29 @@ void BufferRegistry::reset_peak(int device) {
   std::lock_guard<std::mutex> lock(g_mutex);
   MemoryStats& s = g_devices[device].stats;
   s.peak_allocated_bytes = s.allocated_bytes;
+}
+
+void BufferRegistry::reset_accumulated(int device) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  MemoryStats& s = g_devices[device].stats;
+  s.allocated_bytes_total = 0;
+  s.freed_bytes_total = 0;
+  s.num_allocs = 0;
+  s.num_frees = 0;
+  s.num_ooms = 0;
+}
+
+void BufferRegistry::set_limit(int device, int64_t limit) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_devices[device].limit = limit < 0 ? -1 : limit;
+}
+
+int64_t BufferRegistry::limit(int device) const {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_devices[device].limit;
 }
 
 int BufferRegistry::device_of(uintptr_t address) {

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace torch_tpu::core {
 
@@ -12,6 +14,20 @@ struct MemoryStats {
   int64_t active_buffers = 0;
   int64_t num_allocs = 0;
   int64_t num_frees = 0;
+  int64_t allocated_bytes_total = 0;  // ever allocated
+  int64_t freed_bytes_total = 0;
+  int64_t num_ooms = 0;  // allocations refused by the limit
+};
+
+// Thrown by on_alloc when a buffer would take a device past its byte limit;
+// nothing is accounted, so the process stays usable.
+class OutOfMemory : public std::runtime_error {
+ public:
+  OutOfMemory(int device, size_t requested, int64_t allocated, int64_t limit);
+  int device;
+  size_t requested;
+  int64_t allocated;
+  int64_t limit;  // -1: the request exceeds the device address range
 };
 
 // Every device buffer registers here when it is created and when it dies.
@@ -28,6 +44,11 @@ class BufferRegistry {
   void on_free(int device, uintptr_t address, size_t nbytes);
   MemoryStats stats(int device) const;
   void reset_peak(int device);
+  // Zeroes the cumulative counters (bytes and buffers ever allocated and freed, OOMs).
+  void reset_accumulated(int device);
+  // Caps the bytes live on `device`; a negative limit means none (the default).
+  void set_limit(int device, int64_t limit);
+  int64_t limit(int device) const;
   // Device that owns a fake address, or -1 if it is not one of ours.
   static int device_of(uintptr_t address);
 

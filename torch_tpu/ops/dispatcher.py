@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import _C, debug, metrics
+from torch_tpu import _C, debug, memory, metrics
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.registry import Lowering
@@ -30,6 +30,11 @@ from torch_tpu.runtime import client
 from torch_tpu.runtime.executable_cache import ExecutableCache
 
 _cache = ExecutableCache()
+
+# Set by torch_tpu.distributed once a tensor is sharded (torch_tpu/distributed/sharding.py):
+# place_inputs(inputs, bound) moves a call's single-device inputs onto the mesh of its sharded
+# ones (jax.jit refuses mixed device sets); keep_layout(old, new) keeps a written tensor's sharding.
+spmd = None
 
 
 class _TensorSlot:
@@ -96,7 +101,7 @@ def tensor_geometry(t: torch.Tensor, buf: jax.Array):
     dtype = TORCH_TO_NUMPY.get(t.dtype)
     if dtype is None:
         raise TypeError(f"tpu tensors do not support dtype {t.dtype}")
-    return geo.Geometry(tuple(t.shape), tuple(t.stride()), t.storage_offset(), dtype, buf.dtype, buf.shape[0])
+    return geo.Geometry(tuple(t.shape), tuple(t.stride()), t.storage_offset(), dtype, buf.dtype, buf.size)
 
 
 class _Call:
@@ -324,6 +329,8 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
         None if m is None else tuple(m.shape) for m in _flatten_values([meta_args[i] for i in plan.mutable])
     ]
     entry = _Entry(None, fresh_meta, mutable_shapes)
+    tensor_slots: list[_TensorSlot] = []
+    _substitute(template, lambda s: tensor_slots.append(s) if isinstance(s, _TensorSlot) else None)
 
     def run(inputs, rng):
         def materialize(slot):
@@ -331,6 +338,8 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
             return geo.read(value, slot.geom) if isinstance(slot, _TensorSlot) else value
 
         values = [_substitute(v, materialize) for v in template]
+        # Sharded (N-D) buffers in, N-D buffers out: a flat output would drop a per-dim sharding.
+        keep_shape = any(inputs[slot.index].ndim != 1 for slot in tensor_slots)
         pos, kw = [], {}
         for name, value in zip(plan.arg_names, values):
             if name not in functional_names:
@@ -355,7 +364,7 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
         else:
             fresh, mutated = result[: plan.num_fresh], result[plan.num_fresh :]
             mutated = _flatten_values(mutated)
-        fresh_out = [_conform_tree(v, m, plan.op) for v, m in zip(fresh, fresh_meta)]
+        fresh_out = [_conform_tree(v, m, plan.op, keep_shape) for v, m in zip(fresh, fresh_meta)]
         new_buffers = []
         latest = {}  # storage group -> its buffer with the writes so far
         for k, (slot, value) in enumerate(zip(mutable_slots, mutated)):
@@ -366,9 +375,7 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
             buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, jnp.broadcast_to(value, slot.geom.sizes))
             latest[group] = buf
             new_buffers.append(buf)
-        entry.mutable_specs = [
-            None if b is None else (_NUMPY_TO_TORCH[np.dtype(b.dtype)], b.shape[0]) for b in new_buffers
-        ]
+        entry.mutable_specs = [None if b is None else (_NUMPY_TO_TORCH[np.dtype(b.dtype)], b.size) for b in new_buffers]
         flat_out, entry.out_tree = jax.tree_util.tree_flatten((fresh_out, new_buffers))
         return flat_out
 
@@ -390,9 +397,9 @@ def _check_no_internal_overlap(geom) -> None:
         )
 
 
-def _conform_tree(value, meta, op):
+def _conform_tree(value, meta, op, keep_shape: bool = False):
     if isinstance(meta, (list, tuple)):
-        return [_conform_tree(v, m, op) for v, m in zip(value, meta)]
+        return [_conform_tree(v, m, op, keep_shape) for v, m in zip(value, meta)]
     if meta is None or value is None:
         return None
     value = jnp.asarray(value)
@@ -403,7 +410,7 @@ def _conform_tree(value, meta, op):
         raise AssertionError(
             f"torch_tpu lowering of {op} produced shape {tuple(value.shape)}, expected {tuple(meta.shape)}"
         )
-    return value.reshape(-1)
+    return value if keep_shape else value.reshape(-1)
 
 
 def _factory_device(bound: list) -> int:
@@ -479,6 +486,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         _wrap_numbers(bound, plan.tensor_args)
         call = _Call()
         sig = tuple(call.walk(v) for v in bound)
+        if spmd is not None:
+            spmd.place_inputs(call.inputs, bound)
         aliases = _storage_aliases(plan, bound) if plan.mutable else None
         key = (op, sig, torch.get_default_dtype(), aliases)  # factories and wrapped floats depend on dtype
         entry = _cache.get(key)
@@ -498,7 +507,11 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         rng = None
         if lowering.random:
             rng = _key_from_data_jit(_generator_key(plan, call, device))
-        flat = entry.run(call.inputs, rng)
+        try:
+            flat = entry.run(call.inputs, rng)
+        except jax.errors.JaxRuntimeError as error:
+            memory.raise_if_out_of_memory(error, device, str(op))
+            raise
         if compile_start is not None:  # jax.jit traces and compiles on the first call
             metrics.record_compile("op", time.perf_counter() - compile_start)
         metrics.bump("executions")
@@ -506,6 +519,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         fresh = [_wrap_tree(v, m, device) for v, m in zip(fresh_values, entry.fresh_meta)]
         for t, buf, spec in zip(_mutable_tensors(plan, bound), new_buffers, entry.mutable_specs):
             if t is not None and buf is not None:
+                if spmd is not None:
+                    buf = spmd.keep_layout(_C._get_buffer(t), buf)
                 _C._set_buffer(t, buf, *spec)
         results = []
         for kind, i in plan.returns:
@@ -555,7 +570,9 @@ def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) ->
         dtype = _NUMPY_TO_TORCH[np.dtype(array.dtype)]
     elif array.dtype != to_numpy_dtype(dtype):
         array = array.astype(to_numpy_dtype(dtype))
-    return _C._wrap(reshape(array, (-1,)), list(array.shape), dtype, device)
+    sharded = spmd is not None and len(array.sharding.device_set) > 1
+    buf = array if sharded else reshape(array, (-1,))  # a sharded array keeps its shape
+    return _C._wrap(buf, list(array.shape), dtype, device)
 
 
 _read_jit_cache: dict = {}
@@ -591,13 +608,20 @@ def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     buf = buffer_of(t)
     g = tensor_geometry(t, buf)
     if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:
-        _C._set_buffer(t, reshape(value, (-1,)), t.dtype, g.numel)
+        value = reshape(value, buf.shape)
+        _C._set_buffer(t, value if spmd is None else spmd.keep_layout(buf, value), t.dtype, g.numel)
         return
     _check_no_internal_overlap(g)
+    if spmd is not None:
+        pair = [buf, value]
+        spmd.place_inputs(pair, [])
+        buf, value = pair
     key = ("write", g, value.shape, value.dtype)
     fn = _read_jit_cache.get(key)
     if fn is None:
         fn = _read_jit_cache[key] = jax.jit(lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes)))
     metrics.bump("executions")
     new = fn(buf, value)
-    _C._set_buffer(t, new, t.dtype, new.shape[0])
+    if spmd is not None:
+        new = spmd.keep_layout(buf, new)
+    _C._set_buffer(t, new, t.dtype, new.size)

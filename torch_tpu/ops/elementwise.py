@@ -962,14 +962,6 @@ def complex_(real, imag):
     return lax.complex(jnp.broadcast_to(real, shape), jnp.broadcast_to(imag, shape))
 
 
-@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
-def isin(elements, test_elements, *, assume_unique=False, invert=False):
-    _, (e, t) = promote(elements, test_elements)
-    e, t = jnp.asarray(e), jnp.asarray(t)
-    found = jnp.any(e[..., None] == t.reshape(-1), axis=-1) if t.size else jnp.zeros(e.shape, bool)
-    return ~found if invert else found
-
-
 def _digamma(x):
     # torch: digamma(0) is -inf (of the sign of the zero: pole from the right), XLA gives nan.
     return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), lax.digamma(x))

@@ -1,5 +1,9 @@
 """Tensor geometry: how a tpu tensor's (sizes, strides, offset) reads from and
-writes to its flat storage buffer, traced inside the op's jitted function."""
+writes to its storage buffer, traced inside the op's jitted function.
+
+A buffer is flat (storage-sized, 1-D), or, for a tensor that is its whole
+storage, may have the tensor's own shape: that is how a sharded buffer keeps
+its per-dim sharding (torch_tpu.distributed). Writes keep the buffer's shape."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ class Geometry(NamedTuple):
     offset: int
     dtype: np.dtype  # the tensor's element type
     buffer_dtype: np.dtype  # the flat buffer's element type
-    buffer_len: int  # elements in the flat buffer
+    buffer_len: int  # elements in the buffer
 
     @property
     def numel(self) -> int:
@@ -78,8 +82,8 @@ def _reinterpret(buf: jnp.ndarray, dtype: np.dtype) -> jnp.ndarray:
 
 
 def _as_dtype(buf: jnp.ndarray, dtype: np.dtype, needed: int) -> jnp.ndarray:
-    """The flat buffer as `dtype`, padded with zeros to at least `needed` elements."""
-    buf = _reinterpret(buf, dtype)
+    """The buffer, flattened, as `dtype`, padded with zeros to at least `needed` elements."""
+    buf = _reinterpret(buf.reshape(-1), dtype)
     if buf.size < needed:
         buf = jnp.concatenate([buf, jnp.zeros(needed - buf.size, dtype)])
     return buf
@@ -127,13 +131,18 @@ def read(buf: jnp.ndarray, geom: Geometry) -> jnp.ndarray:
 
 
 def write(buf: jnp.ndarray, geom: Geometry, value: jnp.ndarray) -> jnp.ndarray:
-    """The new flat buffer after writing `value` into the view, traced."""
+    """The new buffer after writing `value` into the view, traced; it keeps the buffer's shape
+    where its size and dtype allow (else it is flat)."""
     value = value.astype(geom.dtype)
     if geom.is_whole:
-        return value.reshape(-1)
+        return value.reshape(buf.shape)
     flat = _as_dtype(buf, geom.dtype, storage_elements(geom))
     if geom.numel == 0:
-        return flat
-    if is_contiguous(geom.sizes, geom.strides):
-        return lax.dynamic_update_slice(flat, value.reshape(-1), (geom.offset,))
-    return flat.at[_flat_indices(geom).reshape(-1)].set(value.reshape(-1))
+        new = flat
+    elif is_contiguous(geom.sizes, geom.strides):
+        new = lax.dynamic_update_slice(flat, value.reshape(-1), (geom.offset,))
+    else:
+        new = flat.at[_flat_indices(geom).reshape(-1)].set(value.reshape(-1))
+    if buf.ndim != 1 and new.dtype == buf.dtype and new.size == buf.size:
+        return new.reshape(buf.shape)
+    return new

@@ -211,6 +211,19 @@ def bucketize(self, boundaries, *, out_int32=False, right=False):
     return _searchsorted(boundaries, _value(self, boundaries), right, None, out_int32)
 
 
+@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    x, test = jnp.asarray(elements), jnp.asarray(test_elements)
+    dtype = jnp.promote_types(x.dtype, test.dtype)
+    x, test = x.astype(dtype), test.astype(dtype).reshape(-1)
+    if test.size <= 256:  # compare with every test element
+        hit = jnp.any(x[..., None] == test, axis=-1)
+    else:  # look each element up in the sorted test elements
+        ordered = jnp.sort(test)
+        hit = ordered[jnp.clip(jnp.searchsorted(ordered, x), 0, test.size - 1)] == x
+    return ~hit if invert else hit
+
+
 # ---- gather / scatter family ---------------------------------------------------------
 
 

@@ -1,1 +1,5 @@
-"""Device tools: tpu-info, metrics reports, profiling."""
+"""Device tools: tpu-info, per-process stats files, profiling."""
+
+from torch_tpu.tools.profiler import profile
+
+__all__ = ["profile"]

@@ -1,0 +1,1 @@
+"""Code the examples share: the training/check loop, the decoder-only transformer, text data and generation."""

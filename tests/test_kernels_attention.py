@@ -1,0 +1,132 @@
+"""Flash attention (Pallas, interpreted on the CPU client) and the SDPA routing, against
+PyTorch's math on CPU. Shapes are small and shared between tests: each new shape compiles
+three interpreted kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import torch_tpu
+from tests.helpers import same
+from torch_tpu.kernels import flash_attention
+
+F32_TOL = {"rtol": 1e-4, "atol": 1e-4}
+BF16_TOL = {"rtol": 3e-2, "atol": 3e-2}
+
+
+def reference_attention(q, k, v, causal=False, sm_scale=None):
+    """Attention in float32 math on CPU, key/value heads repeated for grouped queries."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=sm_scale)
+    return out.to(q.dtype)
+
+
+def attention_inputs(batch, heads, kv_heads, q_len, kv_len, dim, v_dim=None, dtype=torch.float32):
+    return (
+        torch.randn(batch, heads, q_len, dim, dtype=dtype),
+        torch.randn(batch, kv_heads, kv_len, dim, dtype=dtype),
+        torch.randn(batch, kv_heads, kv_len, v_dim or dim, dtype=dtype),
+    )
+
+
+def test_flash_causal_gqa_several_blocks_float32():
+    # 130 rows: two 128-blocks, the second padded; two query heads per key/value head.
+    q, k, v = attention_inputs(1, 2, 1, 130, 130, 8)
+    same(
+        lambda device, q, k, v: (flash_attention if device == "tpu" else reference_attention)(q, k, v, causal=True),
+        q,
+        k,
+        v,
+        grad=True,
+        device_arg=True,
+        seed=0,
+        **F32_TOL,
+    )
+
+
+def test_flash_bfloat16_odd_lengths_other_value_dim():
+    q, k, v = attention_inputs(2, 2, 2, 9, 23, 8, v_dim=16, dtype=torch.bfloat16)
+    same(
+        lambda device, q, k, v: (flash_attention if device == "tpu" else reference_attention)(q, k, v, sm_scale=0.5),
+        q,
+        k,
+        v,
+        grad=True,
+        device_arg=True,
+        seed=0,
+        **BF16_TOL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        (((1, 2, 4, 8), (1, 2, 4, 16), (1, 2, 4, 16)), "head dims differ"),
+        (((1, 3, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)), "multiple of the number of key/value heads"),
+        (((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 5, 8)), "differ in batch, heads or length"),
+        (((2, 8), (2, 8), (2, 8)), "expected 4-D"),
+    ],
+)
+def test_flash_bad_shapes_raise(shapes, message):
+    q, k, v = (torch.randn(s).to("tpu") for s in shapes)
+    with pytest.raises(RuntimeError, match=message):
+        flash_attention(q, k, v)
+
+
+def test_flash_bad_dtypes_raise():
+    q = torch.randn(1, 2, 4, 8).to("tpu")
+    with pytest.raises(RuntimeError, match="same dtype"):
+        flash_attention(q, q.bfloat16(), q)
+    with pytest.raises(RuntimeError, match="not supported"):
+        flash_attention(q.double(), q.double(), q.double())
+    with pytest.raises(RuntimeError, match="one tpu device"):
+        flash_attention(q.cpu(), q.cpu(), q.cpu())
+
+
+def test_sdpa_routes_causal_gqa_to_flash(monkeypatch, capfd):
+    # Causal with fewer queries than keys (top-left aligned, as the math path) and grouped heads.
+    monkeypatch.setenv("TORCH_TPU_DEBUG", "1")
+    q, k, v = attention_inputs(1, 2, 1, 5, 12, 8)
+    torch_tpu.metrics.reset()
+    same(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        q,
+        k,
+        v,
+        grad=True,
+        seed=0,
+        **F32_TOL,
+    )
+    counters = torch_tpu.metrics.counters()
+    assert counters.get("sdpa_flash") == 1 and not counters.get("sdpa_math")
+    assert "sdpa: flash attention" in capfd.readouterr().err
+
+
+def test_sdpa_with_a_mask_takes_the_math_path(monkeypatch, capfd):
+    monkeypatch.setenv("TORCH_TPU_DEBUG", "1")
+    q, k, v = attention_inputs(1, 2, 2, 5, 12, 8)
+    mask = torch.randn(5, 12)
+    same(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask, grad=True, seed=0)
+    counters = torch_tpu.metrics.counters()
+    assert counters.get("sdpa_math") == 1 and not counters.get("sdpa_flash")
+    assert "sdpa: math path: attn_mask" in capfd.readouterr().err
+
+
+def test_sdpa_kernel_math_forces_the_math_path():
+    q, k, v = (t.to("tpu") for t in attention_inputs(1, 2, 1, 5, 12, 8))
+    torch_tpu.metrics.reset()
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch_tpu.metrics.counters().get("sdpa_math") == 1
+    expected = reference_attention(q.cpu(), k.cpu(), v.cpu(), causal=True)
+    torch.testing.assert_close(out.cpu(), expected, **F32_TOL)
+
+
+def test_sdpa_with_only_flash_enabled_and_a_mask_raises():
+    q = torch.randn(1, 2, 4, 8).to("tpu")
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="No viable backend"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4).to("tpu"))

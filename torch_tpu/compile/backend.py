@@ -1,0 +1,147 @@
+"""The `torch.compile` backend "tpu": dynamo -> aot_autograd -> one XLA executable per graph.
+
+aot_autograd splits training graphs into forward and backward ATen graphs,
+functionalizes them (input mutations arrive as `copy_` into placeholders,
+kept in inference graphs) and applies decompositions for ops that have no
+lowering. Each graph becomes a GraphRunner. Graphs that touch no tpu tensor
+run as they are (eager), so registering the backend changes nothing for
+CPU and CUDA code.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch
+import torch._dynamo
+from torch._ops import OpOverload
+from torch.fx import GraphModule
+
+from torch_tpu import debug
+from torch_tpu.compile import graph_ops
+from torch_tpu.compile.graph import GraphRunner
+from torch_tpu.ops import registry
+
+# torch_tpu's own machinery runs eagerly even when it is called from a compiled
+# region (e.g. by the autograd engine at a graph break); jax is not traceable.
+_SKIPPED_MODULES = (
+    "torch_tpu.ops",
+    "torch_tpu.runtime",
+    "torch_tpu.compile",
+    "torch_tpu.metrics",
+    "torch_tpu.debug",
+    "torch_tpu.device_module",
+    "jax",
+    "jaxlib",
+)
+
+_graph_ids = itertools.count()
+_previous_inputs: dict[int, list[str]] = {}  # dynamo frame id -> input descriptions of its last compile
+
+
+def _graph_lowerable(op: OpOverload) -> bool:
+    if op in graph_ops.table():
+        return True
+    lowering = registry.table().get(op)
+    return lowering is not None and (not lowering.eager or hasattr(lowering.fn, "jit_lowering"))
+
+
+@functools.cache
+def decompositions() -> dict:
+    """PyTorch's decompositions of the ops that have no jax lowering."""
+    from torch._decomp import decomposition_table
+
+    return {op: fn for op, fn in decomposition_table.items() if isinstance(op, OpOverload) and not _graph_lowerable(op)}
+
+
+def _compiler(kind: str):
+    def compile_graph(gm: GraphModule, example_inputs) -> GraphRunner:
+        return GraphRunner(gm, f"{kind}{next(_graph_ids)}")
+
+    return compile_graph
+
+
+@functools.cache
+def _aot():
+    # Imported on first use: registration can run while torch._inductor is half imported.
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        decompositions=decompositions(),
+        keep_inference_input_mutations=True,
+    )
+
+
+def _touches_tpu(gm: GraphModule, example_inputs) -> bool:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            return True
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor) and value.device.type == "tpu":
+            return True
+    return False
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.device.type}:{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    return repr(x)
+
+
+def _log_recompile(example_inputs) -> None:
+    """Logs why dynamo compiles a frame again: its guard failure and the inputs that changed."""
+    try:
+        compile_id = torch._guards.CompileContext.current_compile_id()
+    except Exception:
+        compile_id = None
+    if compile_id is None or compile_id.frame_id is None:
+        return
+    described = [_describe(x) for x in example_inputs]
+    previous = _previous_inputs.get(compile_id.frame_id)
+    _previous_inputs[compile_id.frame_id] = described
+    if previous is None or not debug.enabled():
+        return
+    reason = None
+    try:  # dynamo's own reason, where this torch version records it
+        from torch._dynamo.utils import get_metrics_context
+
+        reason = get_metrics_context()._metrics.get("recompile_reason")
+    except Exception:
+        reason = None
+    changed = [f"input {i}: {a} -> {b}" for i, (a, b) in enumerate(zip(previous, described)) if a != b]
+    if len(previous) != len(described):
+        changed.append(f"{len(previous)} -> {len(described)} inputs")
+    text = "; ".join(changed[:8]) or "same inputs"
+    debug.log("recompile", f"frame {compile_id}: {reason or 'guard failure'} ({text})")
+
+
+def tpu_backend(gm: GraphModule, example_inputs):
+    """The dynamo backend registered as "tpu"."""
+    if not _touches_tpu(gm, example_inputs):
+        return gm.forward
+    _log_recompile(example_inputs)
+    return _aot()(gm, example_inputs)
+
+
+_registered = False
+
+
+def register() -> None:
+    """Registers the "tpu" backend with dynamo (once)."""
+    global _registered
+    if _registered:
+        return
+    from torch._dynamo import trace_rules
+
+    for module in _SKIPPED_MODULES:
+        trace_rules.add(module)
+    torch._dynamo.register_backend(tpu_backend, name="tpu")
+    _registered = True
+
+
+register()

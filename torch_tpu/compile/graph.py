@@ -1,0 +1,559 @@
+"""One ATen FX graph as one XLA executable.
+
+The graph is lowered node by node through the same lowering table the eager
+dispatcher uses (plus the graph-only ops in graph_ops), traced into one jax
+function, and compiled once per concrete input signature: the geometry and
+dtype of every tpu tensor, and the value of every Python number (SymInts are
+static, so a dynamic dimension recompiles per concrete size). Compiles go
+through jax's compile path and so through the persistent cache.
+
+Nodes no jax function covers (data-dependent ops, unlowered ops) split the
+graph: they run eagerly through the dispatcher between jitted segments,
+counted as "graph_eager_ops" and warned about once per op.
+
+Input mutations (functionalized `copy_` into a placeholder: optimizer state,
+BatchNorm statistics) become buffer swaps on the input's storage, or a
+scatter into its base when the input is a view.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch._ops import OpOverload
+from torch.fx import GraphModule, Node
+
+from torch_tpu import _C, debug, metrics
+from torch_tpu.compile import graph_ops
+from torch_tpu.ops import dispatcher, host, registry
+from torch_tpu.ops import geometry as geo
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from torch_tpu.runtime import client
+
+_warned: set[str] = set()
+_plans: dict[OpOverload, dispatcher._OpPlan] = {}
+
+
+def _plan_of(op: OpOverload) -> dispatcher._OpPlan:
+    plan = _plans.get(op)
+    if plan is None:
+        plan = _plans[op] = dispatcher._OpPlan(op, derived=False)
+    return plan
+
+
+def _fake(node: Any):
+    return node.meta.get("val") if isinstance(node, Node) else None
+
+
+def _fake_devices(fake) -> set[str]:
+    if isinstance(fake, torch.Tensor):
+        return {fake.device.type}
+    if isinstance(fake, (list, tuple)):
+        return set().union(*(_fake_devices(f) for f in fake)) if fake else set()
+    return set()
+
+
+def _has_bool_index(node: Node) -> bool:
+    indices = node.args[1] if len(node.args) > 1 else []
+    return any(isinstance(i, Node) and getattr(_fake(i), "dtype", None) in (torch.bool, torch.uint8) for i in indices)
+
+
+# ---- classifying nodes ------------------------------------------------------
+
+
+class _Lowered:
+    """How one node evaluates inside a jitted segment."""
+
+    __slots__ = ("fn", "kind", "plan", "random_index")
+
+    def __init__(self, kind: str, fn: Callable | None = None, plan=None):
+        self.kind = kind  # "python", "graph", "copy_", "registry"
+        self.fn = fn
+        self.plan = plan
+        self.random_index: int | None = None
+
+
+def _classify(node: Node, eager_nodes: set[Node]) -> _Lowered | None:
+    """The node's jax evaluation, or None if it must run eagerly."""
+    target = node.target
+    if node.op != "call_function":
+        return None
+    if target is operator.getitem:
+        source = node.args[0]
+        return None if isinstance(source, Node) and source in eager_nodes else _Lowered("python", target)
+    if not isinstance(target, OpOverload):
+        # Python arithmetic on sizes (operator.mul, sym_float, ...): static at trace time.
+        if any(isinstance(a, Node) and isinstance(_fake(a), torch.Tensor) for a in node.all_input_nodes):
+            return None
+        return _Lowered("python", target)
+    if _fake_devices(_fake(node)) - {"tpu", "cpu"}:
+        return None
+    if target is torch.ops.aten.copy_.default:
+        dst = node.args[0]
+        return _Lowered("copy_") if isinstance(dst, Node) and dst.op == "placeholder" else None
+    if target is torch.ops.aten._to_copy.default:
+        src = _fake(node.args[0])
+        out = _fake(node)
+        if not isinstance(src, torch.Tensor) or src.device != out.device or src.is_complex() or out.is_complex():
+            return None
+    if target in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default) and _has_bool_index(node):
+        return None  # a bool mask gives a data-dependent shape
+    graph_fn = graph_ops.table().get(target)
+    if graph_fn is not None:
+        lowered = _Lowered("graph", graph_fn)
+        if graph_ops.is_random(target):
+            lowered.random_index = -1  # numbered by the graph
+        return lowered
+    lowering = registry.table().get(target)
+    if lowering is None:
+        return None
+    plan = _plan_of(target)
+    if plan.mutable:
+        return None  # functionalized graphs only hold in-place ops on inputs as copy_
+    if lowering.eager:
+        jit_fn = getattr(lowering.fn, "jit_lowering", None)
+        if jit_fn is None:
+            return None
+        return _Lowered("registry", jit_fn, plan)
+    lowered = _Lowered("registry", lowering.fn, plan)
+    if lowering.random:
+        if plan.generator_index is not None:
+            bound = plan.bind(node.args, node.kwargs)
+            if bound[plan.generator_index] is not None:
+                return None
+        lowered.random_index = -1  # numbered by the graph
+    return lowered
+
+
+# ---- evaluating nodes inside the trace ----------------------------------------
+
+
+def _weak(value):
+    """A Python number given for a Tensor argument, traced as a weakly typed scalar (as eager does)."""
+    if isinstance(value, (bool, int, float)) and not isinstance(value, torch.SymInt):
+        return jnp.asarray(value)
+    return value
+
+
+def _call_registry(lowered: _Lowered, args: tuple, kwargs: dict, rng):
+    plan = lowered.plan
+    bound = plan.bind(args, kwargs)
+    for i in plan.tensor_args:
+        bound[i] = _weak(bound[i])
+    pos, kw = [], {}
+    for index, (name, value) in enumerate(zip(plan.arg_names, bound)):
+        if name in plan.out_names or index == plan.generator_index:
+            continue
+        if name in plan.kwarg_only or kw:
+            kw[name] = value
+        else:
+            pos.append(value)
+    if rng is not None:
+        kw["rng"] = rng
+    result = lowered.fn(*pos, **kw)
+    # As in the eager dispatcher: the lowering returns its results in a tuple (or one bare array).
+    result = list(result) if isinstance(result, (tuple, list)) else [result]
+    return result[0] if plan.num_fresh == 1 else tuple(result[: plan.num_fresh])
+
+
+def _conform(value, fake, op):
+    """Casts a lowering's result to the dtypes PyTorch's meta run gave, and checks its shapes."""
+    if isinstance(fake, (list, tuple)):
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        return type(fake)(_conform(v, f, op) for v, f in zip(values, fake))
+    if not isinstance(fake, torch.Tensor) or value is None:
+        return value
+    value = jnp.asarray(value)
+    dtype = TORCH_TO_NUMPY[fake.dtype]
+    if value.dtype != dtype:
+        value = value.astype(dtype)
+    if len(value.shape) != fake.dim() or any(
+        isinstance(want, int) and got != want for got, want in zip(value.shape, fake.shape)
+    ):
+        raise AssertionError(
+            f"torch_tpu lowering of {op} produced shape {tuple(value.shape)}, expected {tuple(fake.shape)}"
+        )
+    return value
+
+
+def _map_args(args, env: dict):
+    return torch.fx.node.map_aggregate(args, lambda a: env[a] if isinstance(a, Node) else a)
+
+
+# ---- one jitted segment -------------------------------------------------------
+
+
+class _Input:
+    """How a segment reads one input: a tpu buffer through its geometry, a traced scalar, or a static value."""
+
+    __slots__ = ("geom", "kind", "value")
+
+    def __init__(self, kind: str, geom=None, value=None):
+        self.kind = kind  # "buffer", "scalar", "array", "static"
+        self.geom = geom
+        self.value = value
+
+
+class _Executable:
+    __slots__ = ("compiled", "mutation_specs", "out_templates")
+
+    def __init__(self):
+        self.compiled = None
+        self.out_templates: list = []
+        self.mutation_specs: list = []
+
+
+class Segment:
+    """Consecutive lowerable nodes of a graph, compiled per input signature."""
+
+    def __init__(self, name: str, nodes: list[Node], lowered: dict[Node, _Lowered], inputs: list[Node], outputs):
+        self.name = name
+        self.nodes = nodes
+        self.lowered = lowered
+        self.inputs = inputs
+        self.outputs = outputs  # nodes whose values are needed after the segment
+        self.mutations = [(n.args[0], n) for n in nodes if lowered[n].kind == "copy_"]
+        self.has_random = any(lowered[n].random_index is not None for n in nodes)
+        self.executables: dict[tuple, _Executable] = {}
+        self._last_signature: tuple | None = None
+
+    # -- runtime --
+
+    def run(self, values: list, rng_data) -> list:
+        dyn: list = []
+        sig: list = []
+        device = None
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                info = _C._arg_info(v)
+                if info is not None:
+                    index, buf, key = info
+                    if device is None:
+                        device = index
+                    elif index != device:
+                        raise RuntimeError(
+                            "Expected all tensors to be on the same device, but found at least two "
+                            f"devices, tpu:{device} and tpu:{index}!"
+                        )
+                    if buf is None:
+                        buf = dispatcher.buffer_of(v)
+                    dyn.append(buf)
+                    sig.append(key if key is not None else dispatcher.tensor_geometry(v, buf))
+                elif v.dim() == 0:
+                    dyn.append(v.item())
+                    sig.append(("cpu0", v.dtype))
+                else:
+                    metrics.bump("host_transfers")
+                    dyn.append(v.detach().numpy())
+                    sig.append(("cpu", tuple(v.shape), v.dtype))
+            else:
+                sig.append(("static", type(v), v))
+        if self.has_random:
+            dyn.append(rng_data)
+        if device is None:
+            device = _C._current_device()
+        sig.append(device)
+        signature = tuple(sig)
+        exe = self.executables.get(signature)
+        if exe is None:
+            exe = self._compile(values, dyn, signature, device)
+        else:
+            metrics.bump("graph_cache_hits")
+        flat = exe.compiled(*dyn)
+        metrics.bump("executions")
+        outs = [_rebuild(t, flat, device) for t in exe.out_templates]
+        for (placeholder, _), spec in zip(self.mutations, exe.mutation_specs):
+            target = values[self.inputs.index(placeholder)]
+            new = flat[spec[0]]
+            if target.device.type == "tpu":
+                _C._set_buffer(target, new, NUMPY_TO_TORCH[np.dtype(new.dtype)], new.size)
+            else:
+                target.copy_(host.jax_to_cpu(new).reshape(target.shape))
+        return outs
+
+    # -- compiling --
+
+    def _compile(self, values: list, dyn: list, signature: tuple, device: int) -> _Executable:
+        readers = []
+        for v, key in zip(values, signature):
+            if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+                geom = key if isinstance(key, geo.Geometry) else dispatcher.tensor_geometry(v, dispatcher.buffer_of(v))
+                readers.append(_Input("buffer", geom))
+            elif isinstance(v, torch.Tensor):
+                readers.append(_Input("scalar" if v.dim() == 0 else "array"))
+            else:
+                readers.append(_Input("static", value=v))
+        exe = _Executable()
+        fn = self._traceable(readers, exe)
+        if any(r.kind == "buffer" for r in readers):
+            jitted = jax.jit(fn)
+        else:
+            jitted = jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(client.jax_device(device)))
+        if debug.enabled() and self._last_signature is not None:
+            debug.log("recompile", f"{self.name}: {_signature_change(self._last_signature, signature)}")
+        start = time.perf_counter()
+        loaded_before = metrics.counters()["persistent_cache_hits"]
+        exe.compiled = jitted.lower(*dyn).compile()
+        seconds = time.perf_counter() - start
+        metrics.record_compile("graph", seconds)
+        if metrics.counters()["persistent_cache_hits"] == loaded_before:
+            metrics.bump("graph_compiles")
+            debug.log("compile", f"{self.name}: {len(self.nodes)} nodes in {seconds:.3f} s")
+        else:
+            debug.log("compile", f"{self.name}: loaded from the persistent cache in {seconds:.3f} s")
+        self.executables[signature] = exe
+        self._last_signature = signature
+        return exe
+
+    def _traceable(self, readers: list[_Input], exe: _Executable) -> Callable:
+        def fn(*dyn):
+            env: dict = {}
+            buffers: dict = {}
+            k = 0
+            for node, reader in zip(self.inputs, readers):
+                if reader.kind == "static":
+                    env[node] = reader.value
+                    continue
+                value = dyn[k]
+                k += 1
+                if reader.kind == "buffer":
+                    buffers[node] = value
+                    value = geo.read(value, reader.geom)
+                env[node] = value
+            rng_data = dyn[k] if self.has_random else None
+            for node in self.nodes:
+                env[node] = self._evaluate(node, env, rng_data)
+            flat: list = []
+            exe.out_templates = [_flatten(env[n], _fake(n), flat) for n in self.outputs]
+            exe.mutation_specs = []
+            for placeholder, copy_node in self.mutations:
+                reader = readers[self.inputs.index(placeholder)]
+                value = env[copy_node]
+                if reader.kind == "buffer":
+                    value = geo.write(buffers[placeholder], reader.geom, jnp.broadcast_to(value, reader.geom.sizes))
+                exe.mutation_specs.append((len(flat),))
+                flat.append(value)
+            return flat
+
+        return fn
+
+    def _evaluate(self, node: Node, env: dict, rng_data):
+        lowered = self.lowered[node]
+        args = _map_args(node.args, env)
+        kwargs = _map_args(node.kwargs, env)
+        if lowered.kind == "python":
+            return lowered.fn(*args, **kwargs)
+        fake = _fake(node)
+        rng = None
+        if lowered.random_index is not None:
+            rng = dispatcher._key_from_data(rng_data[lowered.random_index])
+        if lowered.kind == "graph":
+            if rng is not None:
+                kwargs = {**kwargs, "rng": rng}
+            return lowered.fn(fake, *args, **kwargs)
+        if lowered.kind == "copy_":
+            dst = jnp.asarray(args[0])
+            return jnp.broadcast_to(jnp.asarray(args[1]).astype(dst.dtype), dst.shape)
+        result = _call_registry(lowered, args, kwargs, rng)
+        return _conform(result, fake, node.target)
+
+
+def _dense_order(fake, shape: tuple) -> tuple[int, ...] | None:
+    """The dims of a dense but non-contiguous fake result (a transposed output), outermost
+    first, so the buffer can be laid out with eager's strides; None when row-major will do."""
+    if not isinstance(fake, torch.Tensor) or len(shape) < 2:
+        return None
+    strides = fake.stride()
+    if not all(isinstance(st, int) for st in strides) or geo.is_contiguous(shape, tuple(strides)):
+        return None
+    order = tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
+def _flatten(value, fake, flat: list):
+    """A template of `value` whose arrays are moved to `flat` (flattened to 1-D buffers)."""
+    if isinstance(value, (list, tuple)):
+        fakes = fake if isinstance(fake, (list, tuple)) else [None] * len(value)
+        return (type(value), [_flatten(v, f, flat) for v, f in zip(value, fakes)])
+    if isinstance(value, jax.Array):
+        shape = tuple(value.shape)
+        order = _dense_order(fake, shape)
+        flat.append((value if order is None else jnp.transpose(value, order)).reshape(-1))
+        dtype = fake.dtype if isinstance(fake, torch.Tensor) else NUMPY_TO_TORCH[np.dtype(value.dtype)]
+        on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu"
+        return ("array", len(flat) - 1, shape, dtype, on_cpu and order is None, order)
+    return ("static", value)
+
+
+def _rebuild(template, flat: list, device: int):
+    kind = template[0]
+    if kind == "static":
+        return template[1]
+    if kind == "array":
+        _, index, shape, dtype, on_cpu, order = template
+        if on_cpu:
+            return host.jax_to_cpu(flat[index]).reshape(shape)
+        if order is None:
+            return _C._wrap(flat[index], list(shape), dtype, device)
+        physical = _C._wrap(flat[index], [shape[d] for d in order], dtype, device)
+        return physical.permute([order.index(d) for d in range(len(shape))])
+    container, items = template
+    return container(_rebuild(t, flat, device) for t in items)
+
+
+def _signature_change(old: tuple, new: tuple) -> str:
+    changes = []
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            changes.append(f"input {i}: {_describe_key(a)} -> {_describe_key(b)}")
+    if len(old) != len(new):
+        changes.append(f"{len(old)} -> {len(new)} inputs")
+    return "; ".join(changes[:8]) or "new signature"
+
+
+def _describe_key(key) -> str:
+    if isinstance(key, geo.Geometry):
+        return f"{np.dtype(key.dtype).name}{list(key.sizes)} strides {list(key.strides)} offset {key.offset}"
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], tuple):
+        return f"{key[1]}{list(key[0])}"
+    return repr(key)
+
+
+# ---- the whole graph ------------------------------------------------------------
+
+
+class GraphRunner:
+    """A compiled FX graph: jitted segments and the eager nodes between them."""
+
+    def __init__(self, gm: GraphModule, name: str):
+        # aot_autograd passes the arguments as one list. An instance attribute, so that
+        # wrappers made with functools.wraps (dynamo's disable) keep it.
+        self._boxed_call = True
+        self.gm = gm
+        self.name = name
+        graph = gm.graph
+        self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        self.output = next(n for n in graph.nodes if n.op == "output")
+        self.constants: dict[Node, Any] = {}
+        self.steps: list = []  # Segment or an eager Node, in order
+        self._partition(graph)
+        self.num_random = sum(
+            1 for s in self.steps if isinstance(s, Segment) for n in s.nodes if s.lowered[n].random_index is not None
+        )
+
+    def _partition(self, graph) -> None:
+        lowered: dict[Node, _Lowered] = {}
+        eager: set[Node] = set()
+        groups: list = []
+        current: list[Node] = []
+        random_count = 0
+        for node in graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            if node.op == "get_attr":
+                self.constants[node] = getattr(self.gm, node.target)
+                continue
+            how = _classify(node, eager)
+            if how is None:
+                eager.add(node)
+                if current:
+                    groups.append(current)
+                    current = []
+                groups.append(node)
+                self._note_eager(node)
+                continue
+            if how.random_index is not None:
+                how.random_index = random_count
+                random_count += 1
+            lowered[node] = how
+            current.append(node)
+        if current:
+            groups.append(current)
+        # Values each segment needs from before it, and values needed after it.
+        position = {}
+        for i, group in enumerate(groups):
+            for n in group if isinstance(group, list) else [group]:
+                position[n] = i
+        needed_after: dict[Node, int] = {}
+        for node in graph.nodes:
+            user_pos = len(groups) if node.op == "output" else position.get(node)
+            if user_pos is None:
+                continue
+            for used in node.all_input_nodes:
+                needed_after[used] = max(needed_after.get(used, -1), user_pos)
+        for i, group in enumerate(groups):
+            if not isinstance(group, list):
+                self.steps.append(group)
+                continue
+            members = set(group)
+            inputs: list[Node] = []
+            for n in group:
+                for used in n.all_input_nodes:
+                    if used not in members and used not in inputs:
+                        inputs.append(used)
+            outputs = [n for n in group if needed_after.get(n, -1) > i]
+            self.steps.append(Segment(f"{self.name}[{i}]", group, lowered, inputs, outputs))
+
+    def _note_eager(self, node: Node) -> None:
+        name = str(node.target)
+        if name not in _warned and node.target is not operator.getitem:
+            _warned.add(name)
+            warnings.warn(
+                f"torch_tpu: {name} in a compiled graph has no jax lowering; the graph is split and it runs "
+                "eagerly (counted in torch_tpu.metrics.counters()['graph_eager_ops'])",
+                stacklevel=2,
+            )
+        debug.log("graph-split", f"{self.name}: {name} runs eagerly between jitted segments")
+
+    def __call__(self, *args) -> list:
+        if len(args) == 1 and type(args[0]) is list:  # boxed: one list, which we may clear
+            args = args[0]
+        env: dict[Node, Any] = dict(zip(self.placeholders, args))
+        env.update(self.constants)
+        if type(args) is list:
+            args.clear()
+        rng_data = None
+        if self.num_random:
+            device = next((v.device.index for v in env.values() if isinstance(v, torch.Tensor)), 0) or 0
+            seed, offset = _C._reserve_random(None, device, self.num_random)
+            offsets = offset + np.arange(self.num_random, dtype=np.uint64)
+            rng_data = np.stack(
+                [
+                    np.full(self.num_random, seed & 0xFFFFFFFF, np.uint64),
+                    np.full(self.num_random, seed >> 32, np.uint64),
+                    offsets & 0xFFFFFFFF,
+                    offsets >> 32,
+                ],
+                axis=1,
+            ).astype(np.uint32)
+        for step in self.steps:
+            if isinstance(step, Segment):
+                outs = step.run([env[n] for n in step.inputs], rng_data)
+                env.update(zip(step.outputs, outs))
+            else:
+                env[step] = self._run_eager(step, env)
+        return list(_map_args(self.output.args[0], env))
+
+    def _run_eager(self, node: Node, env: dict):
+        if node.target is not operator.getitem:
+            metrics.bump("graph_eager_ops")
+        args = _map_args(node.args, env)
+        kwargs = _map_args(node.kwargs, env)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        if node.op == "call_module":
+            return getattr(self.gm, node.target)(*args, **kwargs)
+        return node.target(*args, **kwargs)

@@ -1,0 +1,226 @@
+"""Graph-only lowerings: ops that eager tpu runs without a jax function.
+
+Eager views (view, transpose, slice, ...) are metadata kernels in C++, and a
+few ops (`_to_copy`, `copy`) are eager Python kernels. Inside a compiled
+graph every value is a jax array, so these become plain jax functions on
+values. Each receives the node's fake result (`out`, for its dtype: its
+shape may be symbolic) first, then the node's own arguments, sizes concrete.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from torch_tpu.ops import geometry as geo
+from torch_tpu.ops import indexing
+from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
+from torch_tpu.ops.elementwise import cast
+from torch_tpu.ops.registry import aten
+
+_TABLE: dict = {}
+_RANDOM: set = set()
+
+
+def graph_lower(*ops, random: bool = False) -> Callable:
+    """Registers a graph-only lowering; a random one receives a jax PRNG key as `rng=`."""
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            _TABLE[op] = fn
+            if random:
+                _RANDOM.add(op)
+        return fn
+
+    return register
+
+
+def is_random(op) -> bool:
+    return op in _RANDOM
+
+
+def table() -> dict:
+    return dict(_TABLE)
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+@graph_lower(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
+def view(out, x, size):
+    return jnp.reshape(x, tuple(size))
+
+
+@graph_lower(aten._reshape_alias.default)
+def reshape_alias(out, x, size, stride):
+    return jnp.reshape(x, tuple(size))
+
+
+@graph_lower(aten.t.default, aten.t_copy.default)
+def t(out, x):
+    return x.T if x.ndim == 2 else x
+
+
+@graph_lower(aten.transpose.int, aten.transpose_copy.int)
+def transpose(out, x, dim0, dim1):
+    if x.ndim == 0:
+        return x
+    return jnp.swapaxes(x, _dim(dim0, x.ndim), _dim(dim1, x.ndim))
+
+
+@graph_lower(aten.permute.default, aten.permute_copy.default)
+def permute(out, x, dims):
+    return jnp.transpose(x, tuple(_dim(d, x.ndim) for d in dims))
+
+
+@graph_lower(aten.expand.default, aten.expand_copy.default)
+def expand(out, x, size, *, implicit=False):
+    lead = len(size) - x.ndim
+    return jnp.broadcast_to(x, tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size)))
+
+
+@graph_lower(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(out, x, dim=0, start=None, end=None, step=1):
+    dim = _dim(dim, x.ndim)
+    n = x.shape[dim]
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = min(max(start + n if start < 0 else start, 0), n)
+    end = min(max(end + n if end < 0 else end, start), n)
+    index = [slice(None)] * x.ndim
+    index[dim] = slice(start, end, step)
+    return x[tuple(index)]
+
+
+@graph_lower(aten.select.int, aten.select_copy.int)
+def select(out, x, dim, index):
+    dim = _dim(dim, x.ndim)
+    return lax.index_in_dim(x, index + x.shape[dim] if index < 0 else index, dim, keepdims=False)
+
+
+@graph_lower(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+def unsqueeze(out, x, dim):
+    return jnp.expand_dims(x, dim + x.ndim + 1 if dim < 0 else dim)
+
+
+@graph_lower(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze_copy.dim)
+def squeeze(out, x, dim=None):
+    if dim is None:
+        dims = range(x.ndim)
+    else:
+        dims = {_dim(d, x.ndim) for d in (dim if isinstance(dim, (list, tuple)) else [dim])}
+    return jnp.squeeze(x, tuple(d for d in dims if x.shape[d] == 1)) if x.ndim else x
+
+
+@graph_lower(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor)
+def split(out, x, split_size, dim=0):
+    dim = _dim(dim, x.ndim)
+    n = x.shape[dim]
+    if isinstance(split_size, (list, tuple)):
+        sizes = list(split_size)
+    else:
+        sizes = [min(split_size, n - s) for s in range(0, n, split_size)] if split_size else [n]
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(lax.slice_in_dim(x, start, start + size, axis=dim))
+        start += size
+    return pieces
+
+
+@graph_lower(aten.unbind.int, aten.unbind_copy.int)
+def unbind(out, x, dim=0):
+    dim = _dim(dim, x.ndim)
+    return [lax.index_in_dim(x, i, dim, keepdims=False) for i in range(x.shape[dim])]
+
+
+@graph_lower(aten.diagonal.default, aten.diagonal_copy.default)
+def diagonal(out, x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, _dim(dim1, x.ndim), _dim(dim2, x.ndim))
+
+
+@graph_lower(
+    aten.alias.default,
+    aten.alias_copy.default,
+    aten.detach.default,
+    aten.detach_copy.default,
+    aten.lift_fresh.default,
+    aten.lift_fresh_copy.default,
+)
+def alias(out, x):
+    return x
+
+
+@graph_lower(aten.as_strided.default, aten.as_strided_copy.default)
+def as_strided(out, x, size, stride, storage_offset=None):
+    """Reads x as a contiguous storage (what functionalized graphs give it)."""
+    dtype = x.dtype
+    g = geo.Geometry(tuple(size), tuple(stride), storage_offset or 0, dtype, dtype, math.prod(x.shape))
+    return geo.read(jnp.reshape(x, (-1,)), g)
+
+
+@graph_lower(aten._to_copy.default)
+def to_copy(out, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    return cast(x, TORCH_TO_NUMPY[out.dtype])
+
+
+@graph_lower(aten.copy.default)
+def copy(out, dst, src, non_blocking=False):
+    return jnp.broadcast_to(cast(jnp.asarray(src), dst.dtype), dst.shape)
+
+
+@graph_lower(aten.empty.memory_format, aten.empty_strided.default)
+def empty(out, size, *args, **kwargs):
+    return jnp.zeros(tuple(size), TORCH_TO_NUMPY[out.dtype])
+
+
+@graph_lower(aten.new_empty.default, aten.new_empty_strided.default)
+def new_empty(out, x, size, *args, **kwargs):
+    return jnp.zeros(tuple(size), TORCH_TO_NUMPY[out.dtype])
+
+
+@graph_lower(aten.full_like.default)
+def full_like(out, x, fill_value, **kwargs):
+    return jnp.full(x.shape, fill_value, TORCH_TO_NUMPY[out.dtype])
+
+
+@graph_lower(aten.rand_like.default, random=True)
+def rand_like(out, x, *, rng, **kwargs):
+    return jax.random.uniform(rng, x.shape, TORCH_TO_NUMPY[out.dtype])
+
+
+@graph_lower(aten.randn_like.default, random=True)
+def randn_like(out, x, *, rng, **kwargs):
+    return jax.random.normal(rng, x.shape, TORCH_TO_NUMPY[out.dtype])
+
+
+@graph_lower(aten.index_put.default)
+def index_put(out, x, indices, values, accumulate=False):
+    """Integer indices only (the graph compiler runs bool masks eagerly)."""
+    return indexing._index_put(x, indices, values, accumulate)
+
+
+@graph_lower(aten.sym_size.int)
+def sym_size(out, x, dim):
+    return x.shape[dim]
+
+
+@graph_lower(aten.sym_numel.default)
+def sym_numel(out, x):
+    return math.prod(x.shape)
+
+
+@graph_lower(aten._assert_tensor_metadata.default, aten._assert_scalar.default)
+def no_op(out, *args, **kwargs):
+    return None
+
+
+def is_graph_only(op) -> bool:
+    return op in _TABLE
+
+
+__all__ = ["graph_lower", "is_graph_only", "is_random", "table"]

@@ -1,0 +1,27 @@
+"""The `tpu_kernels` torch.library namespace: each kernel is a custom op whose tpu
+(PrivateUse1) kernel runs a jax function through the op dispatcher, and whose jax
+function is also in the lowering table, so compiled graphs lower it the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch._ops import OpOverload
+
+from torch_tpu.ops import dispatcher, registry
+
+NAMESPACE = "tpu_kernels"
+
+_lib = torch.library.Library(NAMESPACE, "DEF")
+
+
+def define(schema: str, lowering: Callable, fake: Callable) -> OpOverload:
+    """Defines `tpu_kernels::<schema>` with `fake` as its meta/fake kernel and `lowering`
+    (jax arrays in, jax arrays out; see docs/lowerings.md) as its tpu kernel and lowering."""
+    name = _lib.define(schema)
+    op: OpOverload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    torch.library.register_fake(op, fake, lib=_lib)
+    registry.lower(op)(lowering)
+    _lib.impl(name, dispatcher.make_kernel(op, registry.table()[op], derived=False), "PrivateUse1")
+    return op

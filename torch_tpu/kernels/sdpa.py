@@ -1,0 +1,107 @@
+"""torch.nn.functional.scaled_dot_product_attention on tpu tensors: flash attention where the
+arguments allow, the math path (XLA ops) elsewhere.
+
+PyTorch's route for a PrivateUse1 backend: SDPA asks `_fused_sdp_choice` (forwarded to the op's
+tpu kernel by csrc/sdp_choice.cc); the "overrideable" answer makes it call
+`_scaled_dot_product_fused_attention_overrideable`, whose autograd formula calls the
+`..._backward` op. Each choice is counted (metrics "sdpa_flash" / "sdpa_math") and logged
+(TORCH_TPU_DEBUG=1: "sdpa: ...").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._subclasses.fake_tensor import is_fake
+from torch.nn.attention import SDPBackend
+
+from torch_tpu import debug, metrics
+from torch_tpu.kernels import flash
+
+_MATH = int(SDPBackend.MATH.value)
+_OVERRIDEABLE = int(SDPBackend.OVERRIDEABLE.value)
+
+
+def _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
+    """None if the flash kernel takes these arguments, else the reason it does not."""
+    if not (torch._C._get_flash_sdp_enabled() or torch._C._get_overrideable_sdp_enabled()):
+        return "flash/overrideable SDPA disabled (sdpa_kernel)"
+    if attn_mask is not None:
+        return "attn_mask is given (only is_causal masks are fused)"
+    if dropout_p > 0.0:
+        return f"dropout_p={dropout_p}"
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return "inputs are not 4-D (batch, heads, seq, head_dim)"
+    if any(is_fake(t) for t in (query, key, value)):
+        # Traced graphs keep the math decomposition, which the graph lowering fuses.
+        return "traced by torch.compile"
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        return "heads differ without enable_gqa"
+    try:
+        flash.check_inputs(query, key, value)
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def _fused_sdp_choice(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
+):
+    reason = _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if reason is None:
+        metrics.bump("sdpa_flash")
+        if debug.enabled():
+            debug.log("sdpa", f"flash attention for query {tuple(query.shape)} key {tuple(key.shape)} {query.dtype}")
+        return _OVERRIDEABLE
+    if not torch._C._get_math_sdp_enabled():
+        raise RuntimeError(f"No viable backend for scaled_dot_product_attention was found (flash: {reason}).")
+    metrics.bump("sdpa_math")
+    if debug.enabled():
+        debug.log("sdpa", f"math path: {reason}")
+    return _MATH
+
+
+def _scale(query, scale):
+    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+
+
+def _overrideable_forward(
+    query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
+):
+    if attn_bias is not None or dropout_p > 0.0:
+        raise RuntimeError("torch_tpu's fused SDPA takes neither attn_bias nor dropout")
+    out, lse = flash.forward_op(query, key, value, bool(is_causal), _scale(query, scale))
+    empty = torch.empty(0, dtype=torch.int32, device=query.device)
+    seed = torch.empty((), dtype=torch.int64, device=query.device)
+    return out, lse, empty, empty, query.shape[2], key.shape[2], seed, seed, empty
+
+
+def _overrideable_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    attn_bias,
+    grad_input_mask,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    philox_seed,
+    philox_offset,
+    *,
+    scale=None,
+):
+    dq, dk, dv = flash.backward_op(grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale))
+    return dq, dk, dv, None
+
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("_fused_sdp_choice", _fused_sdp_choice, "PrivateUse1")
+_lib.impl("_scaled_dot_product_fused_attention_overrideable", _overrideable_forward, "PrivateUse1")
+_lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", _overrideable_backward, "PrivateUse1")
