@@ -960,3 +960,62 @@ def complex_(real, imag):
         )
     shape = jnp.broadcast_shapes(real.shape, imag.shape)
     return lax.complex(jnp.broadcast_to(real, shape), jnp.broadcast_to(imag, shape))
+
+
+def _digamma(x):
+    # torch: digamma(0) is -inf (of the sign of the zero: pole from the right), XLA gives nan.
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), lax.digamma(x))
+
+
+lower(aten.lgamma.default)(_special(lax.lgamma))
+lower(aten.digamma.default)(_special(_digamma))
+
+
+@lower(aten.igamma.default)
+def igamma(self, other):
+    a, x = _float_args(self, other)
+    return jax.scipy.special.gammainc(a, x)
+
+
+@lower(aten.igammac.default)
+def igammac(self, other):
+    a, x = _float_args(self, other)
+    return jax.scipy.special.gammaincc(a, x)
+
+
+@lower(aten.nextafter.default)
+def nextafter(self, other):
+    _, (a, b) = promote(self, other)
+    return jnp.nextafter(a, b)
+
+
+@lower(aten.angle.default)
+def angle(self):
+    if jnp.iscomplexobj(self):
+        return jnp.angle(self)
+    (x,) = to_float(self)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(math.pi, x.dtype), jnp.zeros_like(x)))
+
+
+def _entr(x):
+    return jnp.where(x > 0, -x * jnp.log(jnp.where(x > 0, x, 1)), jnp.where(x == 0, 0.0, -jnp.inf).astype(x.dtype))
+
+
+def _spherical_j0(x):
+    return jnp.where(jnp.isinf(x), 0.0, jnp.sin(x) / jnp.where(x == 0, 1, x)).astype(x.dtype) + (x == 0)
+
+
+for _op, _fn in {
+    aten.special_entr.default: _entr,
+    aten.special_log_ndtr.default: jax.scipy.special.log_ndtr,
+    aten.special_modified_bessel_i0.default: jax.scipy.special.i0,
+    aten.special_modified_bessel_i1.default: jax.scipy.special.i1,
+    aten.special_spherical_bessel_j0.default: _spherical_j0,
+}.items():
+    lower(_op)(_special(_fn))
+
+
+@lower(aten.special_xlog1py.default)
+def special_xlog1py(self, other):
+    x, y = to_float(self, other)
+    return jnp.where(jnp.isnan(y), y, jnp.where(x == 0, jnp.zeros_like(x), x * jnp.log1p(y)))

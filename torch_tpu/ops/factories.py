@@ -222,3 +222,18 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
         memory_format=memory_format or torch.preserve_format,
     )
     return out.copy_(self, non_blocking)
+
+
+def _tri_indices(fn, row, col, offset):
+    rows, cols = fn(row, offset, col)
+    return jnp.asarray(np.stack([rows, cols]).reshape(2, -1), jnp.int64)
+
+
+@lower(aten.triu_indices.default)
+def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(np.triu_indices, row, col, offset)
+
+
+@lower(aten.tril_indices.default)
+def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(np.tril_indices, row, col, offset)

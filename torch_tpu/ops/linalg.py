@@ -118,6 +118,8 @@ def _lu_info(lu):
     """LAPACK's getrf info: 1 + index of the first exactly-zero pivot, else 0."""
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     zero = diag == 0
+    if diag.shape[-1] == 0:
+        return jnp.zeros(diag.shape[:-1], jnp.int32)
     first = jnp.argmax(zero, axis=-1).astype(jnp.int32) + 1
     return jnp.where(jnp.any(zero, axis=-1), first, 0).astype(jnp.int32)
 

@@ -102,8 +102,19 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     return out.astype(out_dtype)
 
 
+def _check_conv_params(stride, padding, dilation) -> None:
+    """CPU's ConvParams checks, which PyTorch's meta kernel leaves out."""
+    if any(s <= 0 for s in stride):
+        raise RuntimeError("non-positive stride is not supported")
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError("dilation should be greater than zero")
+
+
 @lower(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    _check_conv_params(stride, padding, dilation)
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2)).astype(out.dtype)
@@ -415,7 +426,7 @@ def _im2col(x, kernel_size, dilation, padding, stride):
     kernel, stride, padding, dilation = _pool_params(2, kernel_size, stride, padding, dilation)
     taps, _, _ = _windows(x, 2, kernel, stride, padding, dilation, False, 0)  # (N, C, K, oh, ow)
     lead = x.shape[:-3]
-    return taps.reshape((*lead, x.shape[-3] * taps.shape[-3], -1))
+    return taps.reshape((*lead, x.shape[-3] * taps.shape[-3], taps.shape[-2] * taps.shape[-1]))
 
 
 @lower(aten.im2col.default)
@@ -666,7 +677,9 @@ def _multi_margin(x, target, p, margin, weight):
 
 
 def _as_batch(self, target):
-    return (self[None], target.reshape(1)) if self.ndim <= 1 else (self, target)
+    if self.ndim == 0:
+        return self.reshape(1, 1), target.reshape(1)
+    return (self[None], target.reshape(1)) if self.ndim == 1 else (self, target)
 
 
 @lower(aten.multi_margin_loss.default)
@@ -708,10 +721,10 @@ def _multilabel_margin(x, target):
 
 @functools.partial(jax.jit, static_argnums=2)
 def _multilabel_margin_forward(self, target, reduction):
-    x, t = (self[None], target[None]) if self.ndim == 1 else (self, target)
+    x, t = (self.reshape(1, -1), target.reshape(1, -1)) if self.ndim <= 1 else (self, target)
     loss, is_target = _multilabel_margin(_up(x), t)
-    if self.ndim == 1:
-        loss, is_target = loss[0], is_target[0]
+    if self.ndim <= 1:
+        loss, is_target = loss[0], is_target[0].reshape(self.shape)
     return _reduce(loss, reduction).astype(self.dtype), is_target.astype(self.dtype)
 
 
@@ -1598,3 +1611,71 @@ def cdist_backward(grad, x1, x2, p, cdist):
         local = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
         local = jnp.where((dist == 0) | ((diff == 0) & (p < 1)), 0, local)
     return jnp.sum(local * g, axis=-2).reshape(x1.shape)
+
+
+# ---- activations without their own module: glu, prelu, log_sigmoid, rrelu ---------------------
+
+
+@lower(aten.glu.default)
+def glu(self, dim=-1):
+    a, b = jnp.split(_up(self), 2, axis=dim)
+    return a * jax.nn.sigmoid(b)
+
+
+@lower(aten.glu_backward.default)
+def glu_backward(grad_output, self, dim):
+    _, vjp = jax.vjp(lambda x: glu(x, dim), _up(self))
+    return vjp(_up(grad_output))[0]
+
+
+@lower(aten._prelu_kernel.default)
+def prelu_kernel(self, weight):
+    x, w = _up(self), _up(weight)
+    return jnp.where(x > 0, x, w * x)
+
+
+@lower(aten._prelu_kernel_backward.default)
+def prelu_kernel_backward(grad_output, self, weight):
+    x, w, g = _up(self), _up(weight), _up(grad_output)
+    return jnp.where(x > 0, g, w * g), jnp.where(x > 0, 0, x * g)
+
+
+@lower(aten.log_sigmoid_forward.default)
+def log_sigmoid_forward(self):
+    x = _up(self)
+    # The buffer CPU saves for backward; this lowering's backward recomputes from x instead.
+    return jax.nn.log_sigmoid(x), jnp.zeros_like(x)
+
+
+@lower(aten.log_sigmoid_backward.default)
+def log_sigmoid_backward(grad_output, self, buffer):
+    x, g = _up(self), _up(grad_output)
+    return g * jax.nn.sigmoid(-x)
+
+
+@lower(aten.softshrink.default)
+def softshrink(self, lambd=0.5):
+    x = _up(self)
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+
+
+@lower(aten.softshrink_backward.default)
+def softshrink_backward(grad_output, self, lambd):
+    return jnp.where(jnp.abs(self) > lambd, grad_output, jnp.zeros_like(grad_output))
+
+
+@lower(aten.hardshrink.default)
+def hardshrink(self, lambd=0.5):
+    return jnp.where(jnp.abs(self) > lambd, self, jnp.zeros_like(self))
+
+
+@lower(aten.hardshrink_backward.default)
+def hardshrink_backward(grad_out, self, lambd):
+    return jnp.where(jnp.abs(self) > lambd, grad_out, jnp.zeros_like(grad_out))
+
+
+@lower(aten.channel_shuffle.default)
+def channel_shuffle(self, groups):
+    n, c = self.shape[:2]
+    x = self.reshape(n, groups, c // groups, *self.shape[2:])
+    return jnp.swapaxes(x, 1, 2).reshape(self.shape)

@@ -194,3 +194,18 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
     for d, (_n, st) in enumerate(zip(size, stride)):
         index = index + lax.broadcasted_iota(jnp.int64, tuple(size), d) * st
     return flat.at[index.reshape(-1)].set(src.astype(x.dtype).reshape(-1)).reshape(x.shape)
+
+
+@lower(aten.unfold_backward.default)
+def unfold_backward(grad_in, input_sizes, dim, size, step):
+    """Adds each window's gradient back at the positions Tensor.unfold read it from."""
+    dim = dim % max(len(input_sizes), 1)
+    if not input_sizes:
+        return grad_in.reshape(())
+    windows = grad_in.shape[dim]
+    index = (jnp.arange(windows)[:, None] * step + jnp.arange(size)[None, :]).reshape(-1)
+    g = jnp.moveaxis(jnp.moveaxis(grad_in, dim, 0), -1, 1)  # (windows, size, rest...)
+    g = g.reshape(windows * size, *g.shape[2:])
+    rest = [n for d, n in enumerate(input_sizes) if d != dim]
+    out = jnp.zeros((input_sizes[dim], *rest), grad_in.dtype).at[index].add(g)
+    return jnp.moveaxis(out, 0, dim)

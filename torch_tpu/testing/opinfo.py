@@ -36,7 +36,7 @@ FORWARD_SAMPLES = 4
 OTHER_DTYPE_SAMPLES = 2
 GRAD_SAMPLES = 2
 ERROR_SAMPLES = 12
-OP_TIMEOUT_S = 60.0
+OP_TIMEOUT_S = 300.0  # a hang guard, not a speed limit: loaded CI machines are slow
 
 # PyTorch's test_compare_cpu (accelerator vs CPU) tolerance.
 BASE_TOL = 1e-3

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--expected", action="store_true", help="print the failures as an expected-failures list")
     parser.add_argument("--failures-only", action="store_true", help="list only rows with a failure")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per op (default 60)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per op (default 300)")
     args = parser.parse_args(argv)
 
     import torch_tpu  # noqa: F401
