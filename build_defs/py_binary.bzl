@@ -35,3 +35,18 @@ def torch_tpu_py_binary(name, main, data = [], args = [], **kwargs):
         python_version = "PY3",
         **kwargs
     )
+
+def torch_tpu_example(name, main = "train.py", deps = ["//examples/common"]):
+    """One example package: `bazel run //examples/<name>` and its `:srcs` (its *.py and `deps`).
+
+    Args:
+      name: the target name, the package's own name by convention.
+      main: the program to run.
+      deps: shared example code the program imports.
+    """
+    native.filegroup(
+        name = "srcs",
+        srcs = native.glob(["*.py"]) + deps,
+        visibility = ["//visibility:public"],
+    )
+    torch_tpu_py_binary(name = name, main = main, data = [":srcs"])
