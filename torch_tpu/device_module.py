@@ -389,8 +389,3 @@ def _is_in_bad_fork() -> bool:
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
-
-
-_C._set_synchronize_hook(client.synchronize)
-_C._set_memory_info_hook(mem_get_info)
-memory.apply_env_limit()

@@ -5,6 +5,9 @@ over the torch_tpu processes it can see, capacity), one of processes, and the pe
 compile cache's directory and size. Other processes are seen through their stats files
 (torch_tpu.tools.stats_file). `--json` prints the same as JSON; `--watch [SECONDS]` refreshes
 (with --json: one JSON object per line).
+
+Arguments are parsed before the backend starts, so `tpu-info --help` answers at once; the stats
+files of other processes are read through stats_file.read_all, which trusts nothing in them.
 """
 
 from __future__ import annotations
@@ -17,8 +20,13 @@ import pathlib
 import sys
 import time
 
-from torch_tpu.memory import format_bytes
 from torch_tpu.tools import stats_file
+
+
+def format_bytes(n: int) -> str:
+    from torch_tpu.memory import format_bytes as format_memory
+
+    return format_memory(n)
 
 
 def cache_summary(directory: pathlib.Path | None = None) -> dict:
@@ -147,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
     args = parser.parse_args(argv)
-    stats_file.stop()  # tpu-info itself holds no tpu memory; keep it out of others' views
+    # tpu-info itself holds no tpu memory; keep it out of others' views.
+    os.environ["TORCH_TPU_STATS"] = "0"
+    import torch_tpu
+
+    torch_tpu._load()  # deferred for the tpu-info command (torch_tpu/__init__.py)
+    stats_file.stop()
     clear = sys.stdout.isatty() and not args.json
     shown = 0
     try:
