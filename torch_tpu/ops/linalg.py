@@ -381,6 +381,9 @@ def linalg_cross(self, other, *, dim=-1):
     return jnp.cross(jnp.broadcast_to(self, shape), jnp.broadcast_to(other, shape), axis=dim)
 
 
-@lower(aten.cholesky.default)
 def cholesky(self, upper=False):
     return linalg_cholesky_ex(self, upper=upper)[0]
+
+
+if hasattr(aten, "cholesky"):  # torch 2.14 removed aten::cholesky (and torch.cholesky)
+    lower(aten.cholesky.default)(cholesky)
