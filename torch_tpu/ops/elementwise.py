@@ -147,6 +147,12 @@ def require(name: str, dtype: np.dtype, *, bool_ok=True, int_ok=True, float_ok=T
         raise NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
 
 
+# The error CPU raises for bool operands of sub and relu: NotImplementedError from torch 2.14 on.
+_BOOL_UNSUPPORTED = (
+    NotImplementedError if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14) else RuntimeError
+)
+
+
 def _any_bool(*operands) -> bool:
     return any(
         isinstance(x, bool) or (not isinstance(x, _PYTHON_SCALARS) and x is not None and x.dtype == np.bool_)
@@ -170,7 +176,7 @@ def add(self, other, alpha=1):
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
     if _any_bool(self, other):
-        raise RuntimeError(
+        raise _BOOL_UNSUPPORTED(
             "Subtraction, the `-` operator, with a bool tensor is not supported. "
             "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
         )
@@ -745,7 +751,7 @@ def irshift(self, other):
 @lower(aten.relu.default)
 def relu(self):
     if self.dtype == np.bool_:
-        raise RuntimeError("Boolean inputs not supported for relu")
+        raise _BOOL_UNSUPPORTED("Boolean inputs not supported for relu")
     return jnp.maximum(self, jnp.zeros((), self.dtype))
 
 
