@@ -33,7 +33,7 @@ def _register() -> None:
             for i, d in enumerate(devices)
         ]
     )
-    from torch_tpu import device_module
+    from torch_tpu import device as device_module
 
     torch._register_device_module("tpu", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)

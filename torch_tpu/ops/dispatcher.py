@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import _C, debug, memory, metrics
+from torch_tpu import _C, debug, metrics
+from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.registry import Lowering

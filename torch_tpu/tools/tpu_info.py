@@ -17,7 +17,7 @@ import pathlib
 import sys
 import time
 
-from torch_tpu.memory import format_bytes
+from torch_tpu._units import format_bytes
 from torch_tpu.tools import stats_file
 
 
@@ -54,7 +54,7 @@ def collect(include_self: bool = True, stats_dir: pathlib.Path | None = None) ->
             "platform": d["platform"],
             "memory_in_use_bytes": 0,
             "memory_peak_bytes": 0,
-            "memory_total_bytes": torch_tpu.memory.total_memory(d["index"]),
+            "memory_total_bytes": torch_tpu.device.memory.total_memory(d["index"]),
             "runtime": d["runtime"],
             "pids": [],
         }
