@@ -7,8 +7,10 @@ them under torch.tpu's names.
 
 from __future__ import annotations
 
+import torch
+
 from torch_tpu import _C
-from torch_tpu.device import memory
+from torch_tpu.device import amp, memory
 from torch_tpu.device.devices import (
     DeviceLike,
     _index,
@@ -43,8 +45,10 @@ from torch_tpu.device.properties import (
     _is_in_bad_fork,
     _TpuDeviceProperties,
     get_amp_supported_dtype,
+    get_device_capability,
     get_device_name,
     get_device_properties,
+    is_bf16_supported,
 )
 from torch_tpu.device.random import (
     default_generator,
@@ -81,6 +85,7 @@ __all__ = [
     "_memory_index",
     "_ordinal",
     "_valid",
+    "amp",
     "current_device",
     "current_stream",
     "default_generator",
@@ -90,6 +95,7 @@ __all__ = [
     "device_of",
     "empty_cache",
     "get_amp_supported_dtype",
+    "get_device_capability",
     "get_device_name",
     "get_device_properties",
     "get_per_process_memory_fraction",
@@ -98,6 +104,7 @@ __all__ = [
     "init",
     "initial_seed",
     "is_available",
+    "is_bf16_supported",
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
@@ -124,3 +131,4 @@ __all__ = [
 _C._set_synchronize_hook(client.synchronize)
 _C._set_memory_info_hook(mem_get_info)
 memory.apply_env_limit()
+torch.set_autocast_dtype("tpu", torch.bfloat16)  # CUDA's default is float16; TPUs train in bfloat16

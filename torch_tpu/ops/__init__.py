@@ -21,6 +21,7 @@ _LOWERING_MODULES = (
     "nn",
     "random",
     "optim",
+    "amp",
 )
 
 _libraries: list[torch.library.Library] = []
