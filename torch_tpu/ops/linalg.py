@@ -11,6 +11,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops import precision
 from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.registry import aten, lower
 
@@ -33,10 +34,11 @@ def _is_low_float(dtype) -> bool:
 
 
 def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """jnp.matmul at full precision; half floats accumulate in float32, as on CPU."""
+    """jnp.matmul; half floats accumulate in float32, as on CPU, and float32 takes
+    torch.get_float32_matmul_precision() (ops/precision.py)."""
     if _is_low_float(a.dtype) and a.dtype == b.dtype:
         return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32).astype(a.dtype)
-    return jnp.matmul(a, b, precision=_HIGHEST)
+    return jnp.matmul(a, b, precision=precision.matmul(a, b))
 
 
 def _scaled_sum(self, product, beta, alpha):
@@ -75,7 +77,12 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
 @lower(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=_HIGHEST)
+    if _is_low_float(batch1.dtype) and batch1.dtype == batch2.dtype:
+        product = jnp.einsum(
+            "bij,bjk->ik", batch1, batch2, precision=_HIGHEST, preferred_element_type=jnp.float32
+        ).astype(batch1.dtype)
+    else:
+        product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=precision.matmul(batch1, batch2))
     return _scaled_sum(self, product, beta, alpha)
 
 

@@ -1,0 +1,27 @@
+"""torch.set_float32_matmul_precision as XLA's per-op precision config.
+
+"highest" (torch's default) is Precision.HIGHEST: float32 products as on CPU. "high" is
+Precision.HIGH (bfloat16_3x passes on TPU, TF32 on GPU) and "medium" is Precision.DEFAULT
+(one bfloat16 pass on TPU). Only float32 matrix products follow it, as in torch; other dtypes
+and convolutions stay HIGHEST. The setting is read when an op or graph is traced, so it is part
+of the op cache key and of the graph signature (cache_key()).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+_LEVELS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
+
+
+def cache_key() -> str:
+    return torch.get_float32_matmul_precision()
+
+
+def matmul(*operands) -> lax.Precision:
+    """The precision of a matrix product of `operands`: the torch setting if all are float32."""
+    if operands and all(jnp.dtype(x.dtype) == jnp.float32 for x in operands):
+        return _LEVELS[torch.get_float32_matmul_precision()]
+    return lax.Precision.HIGHEST
