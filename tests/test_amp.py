@@ -371,3 +371,34 @@ def test_bf16_supported_and_capability():
     dtypes = torch.accelerator.get_device_capability("tpu:0")["supported_dtypes"]
     assert {torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool} <= dtypes
     assert torch.qint8 not in dtypes
+
+
+def test_hf_llama_autocast_steps_match_cpu():
+    """Trainer(bf16=True)'s training step (accelerate is not installed here): 5 AdamW steps of a tiny
+    Llama under torch.autocast(bfloat16), against CPU's autocast."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    losses = {}
+    for device in ("cpu", "tpu"):
+        m = copy.deepcopy(model).to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        losses[device] = []
+        for _ in range(5):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = m(input_ids=ids.to(device), labels=ids.to(device)).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[device].append(loss.item())
+    torch.testing.assert_close(torch.tensor(losses["tpu"]), torch.tensor(losses["cpu"]), rtol=2e-2, atol=2e-2)
+    assert losses["tpu"][-1] < losses["tpu"][0]
