@@ -71,6 +71,7 @@ from torch_tpu.device.streams import (
     set_stream,
     stream,
 )
+from torch_tpu.ops import precision as _precision
 from torch_tpu.runtime import client
 
 __all__ = [
@@ -132,3 +133,4 @@ _C._set_synchronize_hook(client.synchronize)
 _C._set_memory_info_hook(mem_get_info)
 memory.apply_env_limit()
 torch.set_autocast_dtype("tpu", torch.bfloat16)  # CUDA's default is float16; TPUs train in bfloat16
+_precision.apply_env()
