@@ -22,6 +22,7 @@ _LOWERING_MODULES = (
     "random",
     "optim",
     "amp",
+    "polygamma",
 )
 
 _libraries: list[torch.library.Library] = []

@@ -81,10 +81,13 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
 @lower(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    if _is_low_float(batch1.dtype) and batch1.dtype == batch2.dtype:
-        product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=_HIGHEST, preferred_element_type=jnp.float32)
-    else:
-        product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=precision.matmul(batch1, batch2))
+    if _is_low_float(batch1.dtype) and batch1.dtype == batch2.dtype and batch1.shape[0] > 0:
+        # CPU adds the batches one addmm at a time, rounding to the half float after each.
+        out = jnp.broadcast_to(self, (batch1.shape[1], batch2.shape[2]))
+        for b in range(batch1.shape[0]):
+            out = _scaled_sum(out, matmul(batch1[b], batch2[b], rounded=False), beta if b == 0 else 1, alpha)
+        return out
+    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=precision.matmul(batch1, batch2))
     return _scaled_sum(self, product, beta, alpha)
 
 
