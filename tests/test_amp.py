@@ -213,6 +213,14 @@ def test_tpu_amp_mirrors_cuda_amp():
     assert out.dtype == torch.bfloat16
     with torch.tpu.amp.autocast(dtype=torch.float16):
         assert (torch.randn(2, 3, device="tpu") @ torch.randn(3, 2, device="tpu")).dtype == torch.float16
+    model = nn.Linear(4, 4).to("tpu")
+
+    @torch.compile(backend="tpu", fullgraph=True)
+    def forward(x):
+        with torch.tpu.amp.autocast():
+            return model(x)
+
+    assert forward(torch.randn(2, 4, device="tpu")).dtype == torch.bfloat16
     assert isinstance(torch.tpu.amp.GradScaler(), torch.amp.GradScaler)
     assert torch.tpu.amp.GradScaler()._device == "tpu"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu import _C
-from torch_tpu.device import amp, memory
+from torch_tpu import _C, amp
+from torch_tpu.device import memory
 from torch_tpu.device.devices import (
     DeviceLike,
     _index,

@@ -1,7 +1,8 @@
 """`torch.tpu.amp`, mirroring `torch.cuda.amp`: autocast, GradScaler, custom_fwd/custom_bwd.
 
 These are torch.amp's with device_type "tpu"; autocast's default dtype is bfloat16
-(torch.get_autocast_dtype("tpu")), and float16 works too.
+(torch.get_autocast_dtype("tpu")), and float16 works too. torch.tpu.amp is this module; it lives
+outside torch_tpu/device/ because dynamo skips that package and must trace autocast().
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import torch
 __all__ = ["GradScaler", "amp_definitely_not_available", "autocast", "custom_bwd", "custom_fwd"]
 
 
-class autocast(torch.amp.autocast_mode.autocast):
-    """torch.autocast("tpu", ...); dtype None is torch.get_autocast_dtype("tpu") (bfloat16)."""
-
-    def __init__(self, enabled: bool = True, dtype: torch.dtype | None = None, cache_enabled: bool = True):
-        super().__init__("tpu", enabled=enabled, dtype=dtype, cache_enabled=cache_enabled)
+def autocast(enabled: bool = True, dtype: torch.dtype | None = None, cache_enabled: bool = True) -> torch.autocast:
+    """torch.autocast("tpu", ...); dtype None is torch.get_autocast_dtype("tpu") (bfloat16).
+    A function, not a subclass, so dynamo sees torch.autocast itself (this module is traced)."""
+    return torch.autocast("tpu", enabled=enabled, dtype=dtype, cache_enabled=cache_enabled)
 
 
 class GradScaler(torch.amp.GradScaler):
