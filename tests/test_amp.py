@@ -410,3 +410,19 @@ def test_hf_llama_autocast_steps_match_cpu():
             losses[device].append(loss.item())
     torch.testing.assert_close(torch.tensor(losses["tpu"]), torch.tensor(losses["cpu"]), rtol=2e-2, atol=2e-2)
     assert losses["tpu"][-1] < losses["tpu"][0]
+
+
+def test_precision_options_from_the_environment():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_TPU_MATMUL_PRECISION="medium", TORCH_TPU_ALLOW_EXCESS_PRECISION="0")
+    env.pop("XLA_FLAGS", None)
+    code = "import os, torch, torch_tpu; print(torch.get_float32_matmul_precision(), os.environ['XLA_FLAGS'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["medium", "--xla_allow_excess_precision=false"]
+    env["TORCH_TPU_MATMUL_PRECISION"] = "fast"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "TORCH_TPU_MATMUL_PRECISION='fast'" in out.stderr
