@@ -426,3 +426,40 @@ def test_precision_options_from_the_environment():
     env["TORCH_TPU_MATMUL_PRECISION"] = "fast"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "TORCH_TPU_MATMUL_PRECISION='fast'" in out.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_reductions_accumulate_in_float32_like_cpu(dtype):
+    x = torch.randn(4, 300).to(dtype)
+    exact = {
+        "sum": lambda t: t.sum(-1),
+        "mean": lambda t: t.mean(-1),
+        "norm": lambda t: t.norm(dim=-1),
+        "var": lambda t: t.var(-1),
+        "mm": lambda t: t @ t.T,
+    }
+    for name, fn in exact.items():
+        assert torch.equal(fn(x.to("tpu")).cpu(), fn(x)), name
+    # float32 inside too, but XLA orders the adds (and exp/log) differently: within an ulp or so
+    close = {
+        "cumsum": lambda t: t.cumsum(-1),
+        "softmax": lambda t: t.softmax(-1),
+        "layer_norm": lambda t: F.layer_norm(t, (300,)),
+        "logsumexp": lambda t: t.logsumexp(-1),
+    }
+    for name, fn in close.items():
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=1e-2, atol=1e-2, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_sort_values_like_cpu_and_stable_order(dtype):
+    """Values equal CPU's; among ties tpu gives the stable order (CPU's stable=True order: CPU's
+    unstable order is its std::sort's, which tpu does not reproduce)."""
+    x = torch.randn(3, 200).to(dtype)
+    x[1, 5:40] = 0.0
+    for descending in (False, True):
+        values, indices = torch.sort(x.to("tpu"), dim=-1, descending=descending)
+        cpu_values, cpu_indices = torch.sort(x, dim=-1, descending=descending, stable=True)
+        assert torch.equal(values.cpu(), cpu_values) and torch.equal(indices.cpu(), cpu_indices)
+    top = torch.topk(x.to("tpu"), 50, dim=-1)
+    assert torch.equal(top.values.cpu(), torch.topk(x, 50, dim=-1).values)
