@@ -49,16 +49,20 @@ def register() -> None:
     _C._register_device()
     _C._set_devices(_device_list())
 
-    from torch_tpu import device_module, memory
+    from torch_tpu import device as device_module
+    from torch_tpu.device import memory
 
     torch._register_device_module("tpu", device_module)
     _C._set_synchronize_hook(client.synchronize)
     _C._set_memory_info_hook(device_module.mem_get_info)
     memory.apply_env_limit()
+    torch.set_autocast_dtype("tpu", torch.bfloat16)  # CUDA's default is float16; TPUs train in bfloat16
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 
     from torch_tpu import ops
+    from torch_tpu.ops import precision
 
+    precision.apply_env()
     ops.install()
 
     from torch_tpu import compile as graph_compile

@@ -170,7 +170,7 @@ def add(self, other, alpha=1):
         return a | (b & bool(alpha))
     ct = opmath(dtype)
     a, b = cast(a, ct), cast(b, ct)
-    return a + (b if alpha == 1 else b * cast(alpha, ct))
+    return a + (b if alpha == 1 else b * cast(cast(alpha, dtype), ct))  # CPU rounds alpha to dtype
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
@@ -183,7 +183,7 @@ def sub(self, other, alpha=1):
     dtype, (a, b) = promote(self, other)
     ct = opmath(dtype)
     a, b = cast(a, ct), cast(b, ct)
-    return a - (b if alpha == 1 else b * cast(alpha, ct))
+    return a - (b if alpha == 1 else b * cast(cast(alpha, dtype), ct))
 
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
@@ -197,7 +197,13 @@ def mul(self, other):
     if dtype == np.bool_:
         return a & b
     ct = opmath(dtype)
+    if ct != dtype and _is_single_value(other):
+        b = other  # CPU multiplies by a one-element `other` in opmath, unrounded (a Python float too)
     return cast(a, ct) * cast(b, ct)
+
+
+def _is_single_value(x) -> bool:
+    return isinstance(x, _PYTHON_SCALARS) or x.size == 1
 
 
 def _check_inplace(self, result: np.dtype) -> None:

@@ -198,7 +198,8 @@ def is_alive(pid: int, start_time: int | None) -> bool:
 
 def snapshot() -> dict:
     """This process's stats, as written to its file."""
-    from torch_tpu import _C, memory
+    from torch_tpu import _C
+    from torch_tpu.device import memory
     from torch_tpu.runtime import client
 
     devices = []

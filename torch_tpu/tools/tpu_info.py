@@ -20,13 +20,8 @@ import pathlib
 import sys
 import time
 
+from torch_tpu._units import format_bytes
 from torch_tpu.tools import stats_file
-
-
-def format_bytes(n: int) -> str:
-    from torch_tpu.memory import format_bytes as format_memory
-
-    return format_memory(n)
 
 
 def cache_summary(directory: pathlib.Path | None = None) -> dict:
@@ -62,7 +57,7 @@ def collect(include_self: bool = True, stats_dir: pathlib.Path | None = None) ->
             "platform": d["platform"],
             "memory_in_use_bytes": 0,
             "memory_peak_bytes": 0,
-            "memory_total_bytes": torch_tpu.memory.total_memory(d["index"]),
+            "memory_total_bytes": torch_tpu.device.memory.total_memory(d["index"]),
             "runtime": d["runtime"],
             "pids": [],
         }
