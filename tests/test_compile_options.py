@@ -112,3 +112,35 @@ def test_dump_dir_holds_stablehlo_and_hlo_of_every_graph(tmp_path):
         assert "func.func public @main" in (tmp_path / name).read_text()
     for name in hlo:
         assert "HloModule" in (tmp_path / name).read_text()
+
+
+def test_async_compile_runs_eagerly_until_the_executable_is_ready():
+    from torch_tpu.compile import async_compile
+
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(4, 6)
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu", options={"async_compile": True})
+    torch.testing.assert_close(compiled(x.to("tpu")).cpu(), model(x), atol=1e-6, rtol=1e-6)
+    assert torch_tpu.metrics.counters()["async_eager_runs"] >= 1
+    async_compile.wait_all()
+    eager_runs = torch_tpu.metrics.counters()["async_eager_runs"]
+    torch.testing.assert_close(compiled(x.to("tpu")).cpu(), model(x), atol=1e-6, rtol=1e-6)
+    compiled(x.to("tpu"))
+    assert torch_tpu.metrics.counters()["async_eager_runs"] == eager_runs
+    assert torch_tpu.metrics.counters()["graph_cache_hits"] >= 1  # the compiled executable ran
+
+
+def test_async_compile_applies_input_mutations_while_pending():
+    from torch_tpu.compile import async_compile
+
+    def bump(t):
+        t.add_(1)
+        return t * 2
+
+    x = torch.zeros(3).to("tpu")
+    compiled = torch.compile(bump, backend="tpu", options={"async_compile": True})
+    outs = [compiled(x).cpu() for _ in range(3)]
+    async_compile.wait_all()
+    outs.append(compiled(x).cpu())
+    torch.testing.assert_close(x.cpu(), torch.full((3,), 4.0))
+    torch.testing.assert_close(torch.stack(outs), torch.tensor([[2.0] * 3, [4.0] * 3, [6.0] * 3, [8.0] * 3]))

@@ -32,7 +32,7 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics
-from torch_tpu.compile import donation, graph_ops
+from torch_tpu.compile import async_compile, donation, graph_ops
 from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import dispatcher, host, registry
 from torch_tpu.ops import geometry as geo
@@ -266,7 +266,12 @@ class Segment:
         sig.append(device)
         signature = tuple(sig)
         exe = self.executables.get(signature)
-        if exe is None:
+        if exe is None and self.options.async_compile:
+            outs = async_compile.run_while_compiling(self, values, dyn, signature, device)
+            if outs is not None:
+                return outs
+            exe = self.executables[signature]
+        elif exe is None:
             exe = self._compile(values, dyn, signature, device)
         else:
             metrics.bump("graph_cache_hits")
