@@ -82,4 +82,12 @@ def platform() -> str:
     return client.platform()
 
 
-__all__ = ["distributed", "metrics", "platform", "sync"]
+def export(model, example_args, weights: str = "arguments", example_kwargs: dict | None = None):
+    """`model(*example_args)` as StableHLO text and portable bytecode that run under jax
+    (torch_tpu/compile/export.py); weights="arguments" or "constants"."""
+    from torch_tpu.compile import export as _export
+
+    return _export.export(model, example_args, weights=weights, example_kwargs=example_kwargs)
+
+
+__all__ = ["distributed", "export", "metrics", "platform", "sync"]

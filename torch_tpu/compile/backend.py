@@ -20,6 +20,7 @@ from torch.fx import GraphModule
 
 from torch_tpu import debug
 from torch_tpu.compile import graph_ops
+from torch_tpu.compile import options as compile_options
 from torch_tpu.compile.graph import GraphRunner
 from torch_tpu.ops import registry
 
@@ -55,22 +56,22 @@ def decompositions() -> dict:
     return {op: fn for op, fn in decomposition_table.items() if isinstance(op, OpOverload) and not _graph_lowerable(op)}
 
 
-def _compiler(kind: str):
+def _compiler(kind: str, options: compile_options.CompileOptions):
     def compile_graph(gm: GraphModule, example_inputs) -> GraphRunner:
-        return GraphRunner(gm, f"{kind}{next(_graph_ids)}")
+        return GraphRunner(gm, f"{kind}{next(_graph_ids)}", options)
 
     return compile_graph
 
 
 @functools.cache
-def _aot():
+def _aot(options: compile_options.CompileOptions = compile_options.DEFAULT):
     # Imported on first use: registration can run while torch._inductor is half imported.
     from torch._dynamo.backends.common import aot_autograd
 
     return aot_autograd(
-        fw_compiler=_compiler("forward"),
-        bw_compiler=_compiler("backward"),
-        inference_compiler=_compiler("inference"),
+        fw_compiler=_compiler("forward", options),
+        bw_compiler=_compiler("backward", options),
+        inference_compiler=_compiler("inference", options),
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
     )
@@ -120,12 +121,13 @@ def _log_recompile(example_inputs) -> None:
     debug.log("recompile", f"frame {compile_id}: {reason or 'guard failure'} ({text})")
 
 
-def tpu_backend(gm: GraphModule, example_inputs):
-    """The dynamo backend registered as "tpu"."""
+def tpu_backend(gm: GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+    """The dynamo backend registered as "tpu"; `mode` and `options` are described in compile/options.py."""
+    parsed = compile_options.parse(mode, options)
     if not _touches_tpu(gm, example_inputs):
         return gm.forward
     _log_recompile(example_inputs)
-    return _aot()(gm, example_inputs)
+    return _aot(parsed)(gm, example_inputs)
 
 
 _registered = False
@@ -141,6 +143,9 @@ def register() -> None:
     for module in _SKIPPED_MODULES:
         trace_rules.add(module)
     torch._dynamo.register_backend(tpu_backend, name="tpu")
+    from torch_tpu.compile import inductor_route
+
+    inductor_route.install()
     _registered = True
 
 

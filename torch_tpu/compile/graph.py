@@ -32,7 +32,8 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics
-from torch_tpu.compile import graph_ops
+from torch_tpu.compile import async_compile, donation, graph_ops
+from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import dispatcher, host, precision, registry
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
@@ -203,10 +204,11 @@ class _Input:
 
 
 class _Executable:
-    __slots__ = ("compiled", "mutation_specs", "out_templates")
+    __slots__ = ("compiled", "donated", "mutation_specs", "out_templates")
 
     def __init__(self):
         self.compiled = None
+        self.donated: tuple[int, ...] = ()
         self.out_templates: list = []
         self.mutation_specs: list = []
 
@@ -224,6 +226,7 @@ class Segment:
         self.has_random = any(lowered[n].random_index is not None for n in nodes)
         self.executables: dict[tuple, _Executable] = {}
         self._last_signature: tuple | None = None
+        self.options = compile_options.DEFAULT  # set by GraphRunner
 
     # -- runtime --
 
@@ -264,10 +267,18 @@ class Segment:
         sig.append(("matmul_precision", precision.cache_key()))
         signature = tuple(sig)
         exe = self.executables.get(signature)
-        if exe is None:
+        if exe is None and self.options.async_compile:
+            outs = async_compile.run_while_compiling(self, values, dyn, signature, device)
+            if outs is not None:
+                return outs
+            exe = self.executables[signature]
+        elif exe is None:
             exe = self._compile(values, dyn, signature, device)
         else:
             metrics.bump("graph_cache_hits")
+        if exe.donated:
+            info = buf = None  # the loop's last buffer would count as another holder
+            donation.guard(dyn, exe.donated)
         flat = exe.compiled(*dyn)
         metrics.bump("executions")
         outs = [_rebuild(t, flat, device) for t in exe.out_templates]
@@ -294,15 +305,23 @@ class Segment:
                 readers.append(_Input("static", value=v))
         exe = _Executable()
         fn = self._traceable(readers, exe)
+        opts = self.options
+        exe.donated = donation.candidates(self, values, readers) if opts.donate_buffers else ()
+        jit_kwargs: dict = {"donate_argnums": exe.donated} if exe.donated else {}
         if any(r.kind == "buffer" for r in readers):
-            jitted = jax.jit(fn)
+            jitted = jax.jit(fn, **jit_kwargs)
         else:
-            jitted = jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(client.jax_device(device)))
+            jitted = jax.jit(
+                fn, out_shardings=jax.sharding.SingleDeviceSharding(client.jax_device(device)), **jit_kwargs
+            )
         if debug.enabled() and self._last_signature is not None:
             debug.log("recompile", f"{self.name}: {_signature_change(self._last_signature, signature)}")
         start = time.perf_counter()
         loaded_before = metrics.counters()["persistent_cache_hits"]
-        exe.compiled = jitted.lower(*dyn).compile()
+        with opts.tracing():
+            lowered = jitted.lower(*dyn)
+        exe.compiled = compile_options.compile_lowered(lowered, opts)
+        compile_options.dump(opts, f"{self.name}.{len(self.executables)}", lowered, exe.compiled)
         seconds = time.perf_counter() - start
         metrics.record_compile("graph", seconds)
         if metrics.counters()["persistent_cache_hits"] == loaded_before:
@@ -439,7 +458,7 @@ def _describe_key(key) -> str:
 class GraphRunner:
     """A compiled FX graph: jitted segments and the eager nodes between them."""
 
-    def __init__(self, gm: GraphModule, name: str):
+    def __init__(self, gm: GraphModule, name: str, options: compile_options.CompileOptions | None = None):
         # aot_autograd passes the arguments as one list. An instance attribute, so that
         # wrappers made with functools.wraps (dynamo's disable) keep it.
         self._boxed_call = True
@@ -451,6 +470,9 @@ class GraphRunner:
         self.constants: dict[Node, Any] = {}
         self.steps: list = []  # Segment or an eager Node, in order
         self._partition(graph)
+        for step in self.steps:
+            if isinstance(step, Segment):
+                step.options = options or compile_options.DEFAULT
         self.num_random = sum(
             1 for s in self.steps if isinstance(s, Segment) for n in s.nodes if s.lowered[n].random_index is not None
         )

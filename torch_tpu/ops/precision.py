@@ -10,7 +10,9 @@ sets the default at import (apply_env()).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import jax.numpy as jnp
 import torch
@@ -19,14 +21,35 @@ from jax import lax
 _LEVELS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
 
 
+_override = threading.local()
+
+
+def level() -> str:
+    """The float32 matmul precision in force: a graph's own option, else torch's setting."""
+    return getattr(_override, "level", None) or torch.get_float32_matmul_precision()
+
+
+@contextlib.contextmanager
+def overridden(value: str):
+    """Traces under precision `value` ("highest", "high" or "medium"), whatever torch's setting."""
+    if value not in _LEVELS:
+        raise ValueError(f"matmul precision {value!r} is not one of {', '.join(_LEVELS)}")
+    previous = getattr(_override, "level", None)
+    _override.level = value
+    try:
+        yield
+    finally:
+        _override.level = previous
+
+
 def cache_key() -> str:
-    return torch.get_float32_matmul_precision()
+    return level()
 
 
 def matmul(*operands) -> lax.Precision:
-    """The precision of a matrix product of `operands`: the torch setting if all are float32."""
+    """The precision of a matrix product of `operands`: the level in force if all are float32."""
     if operands and all(jnp.dtype(x.dtype) == jnp.float32 for x in operands):
-        return _LEVELS[torch.get_float32_matmul_precision()]
+        return _LEVELS[level()]
     return lax.Precision.HIGHEST
 
 

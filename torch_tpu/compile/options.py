@@ -1,0 +1,224 @@
+"""`torch.compile(backend="tpu", mode=..., options={...})`: what the modes and options mean for XLA.
+
+Every graph is already one XLA executable launched once per call, so the
+inductor modes map to what they can mean here:
+
+- "default": XLA's default optimizations, no buffer donation.
+- "reduce-overhead": what CUDA graphs buy inductor (fewer copies and launches per
+  step) is here buffer donation: inputs the graph overwrites are donated, so a
+  training step updates parameters and optimizer state in place.
+- "max-autotune" (and "max-autotune-no-cudagraphs"): spend compile time for
+  speed: the backend's autotuning flags (GPU: `xla_gpu_autotune_level=4`;
+  TPU and CPU have no autotuner flag, so only donation is added, as in
+  "reduce-overhead" for "max-autotune").
+
+Options (all optional; an unknown key raises ValueError listing these):
+
+- "dynamic_buckets": increasing positive ints; a dynamic dimension is padded up
+  to the next bucket so that sizes share executables (None: off).
+- "donate_buffers": bool; donate inputs the graph overwrites to XLA (never a
+  buffer another live tensor or view can still read).
+- "matmul_precision": "default" | "high" | "highest" (also jax's names
+  "bfloat16", "tensorfloat32", "float32"): precision of matmuls and convolutions
+  traced in this graph.
+- "xla_flags": {"xla_flag_name": value} (or "--xla_a=1 --xla_b=true"): XLA debug
+  options for this graph's compiles only. Names must look like XLA flags; XLA
+  itself rejects names it does not know at the first compile.
+- "async_compile": bool; a new input signature runs the graph op by op while its
+  executable compiles on a background thread; later calls use the executable
+  once it is ready.
+- "dump_dir": a directory; every compiled graph writes `<graph>.stablehlo.mlir`
+  (the lowered StableHLO) and `<graph>.hlo.txt` (XLA's optimized HLO) there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+# Option values (torch's names and jax's) -> torch_tpu.ops.precision levels.
+_PRECISIONS = {
+    "default": "medium",
+    "medium": "medium",
+    "high": "high",
+    "highest": "highest",
+    "bfloat16": "medium",
+    "tensorfloat32": "high",
+    "float32": "highest",
+}
+_FLAG_NAME = re.compile(r"^xla_[a-z0-9_]+$")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """The validated mode and options of one `torch.compile(backend="tpu")` call."""
+
+    mode: str = "default"
+    dynamic_buckets: tuple[int, ...] | None = None
+    donate_buffers: bool = False
+    matmul_precision: str | None = None
+    xla_flags: tuple[tuple[str, Any], ...] = ()
+    async_compile: bool = False
+    dump_dir: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as `options=` would give them (round-trips through `parse`)."""
+        return {
+            "dynamic_buckets": list(self.dynamic_buckets) if self.dynamic_buckets is not None else None,
+            "donate_buffers": self.donate_buffers,
+            "matmul_precision": self.matmul_precision,
+            "xla_flags": dict(self.xla_flags),
+            "async_compile": self.async_compile,
+            "dump_dir": self.dump_dir,
+        }
+
+    def compiler_options(self) -> dict[str, Any] | None:
+        """XLA debug options for `Lowered.compile(compiler_options=...)`."""
+        return dict(self.xla_flags) or None
+
+    def tracing(self):
+        """A context for lowering this graph (its matmul precision)."""
+        if self.matmul_precision is None:
+            return contextlib.nullcontext()
+        from torch_tpu.ops import precision
+
+        return precision.overridden(_PRECISIONS[self.matmul_precision])
+
+
+DEFAULT = CompileOptions()
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(CompileOptions) if f.name != "mode")
+
+
+def _mode_defaults(mode: str, platform: str) -> dict[str, Any]:
+    if mode == "default":
+        return {}
+    defaults: dict[str, Any] = {}
+    if mode in ("reduce-overhead", "max-autotune"):
+        defaults["donate_buffers"] = True
+    if mode.startswith("max-autotune") and platform in ("gpu", "cuda", "rocm"):
+        defaults["xla_flags"] = {"xla_gpu_autotune_level": 4}
+    return defaults
+
+
+def _platform() -> str:
+    try:
+        import jax
+
+        return jax.default_backend()
+    except Exception:
+        return "cpu"
+
+
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f'torch.compile(backend="tpu") option "{name}" must be a bool, got {value!r}')
+    return value
+
+
+def _buckets(value) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f'option "dynamic_buckets" must be a sequence of positive ints, got {value!r}')
+    buckets = tuple(value)
+    if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in buckets):
+        raise ValueError(f'option "dynamic_buckets" must be non-empty positive ints, got {value!r}')
+    if any(a >= b for a, b in itertools.pairwise(buckets)):
+        raise ValueError(f'option "dynamic_buckets" must be strictly increasing, got {value!r}')
+    return buckets
+
+
+def _precision(value) -> str | None:
+    if value is None:
+        return None
+    if value not in _PRECISIONS:
+        raise ValueError(f'option "matmul_precision" must be one of {sorted(_PRECISIONS)}, got {value!r}')
+    return value
+
+
+def _flags(value) -> tuple[tuple[str, Any], ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        parsed: dict[str, Any] = {}
+        for item in value.split():
+            name, sep, text = item.removeprefix("--").partition("=")
+            if not sep:
+                raise ValueError(f'option "xla_flags": {item!r} is not of the form --xla_name=value')
+            parsed[name] = text
+        value = parsed
+    if not isinstance(value, Mapping):
+        raise TypeError(f'option "xla_flags" must be a dict of flag name -> value or a string, got {value!r}')
+    flags = []
+    for name, flag_value in value.items():
+        if not isinstance(name, str) or not _FLAG_NAME.match(name):
+            raise ValueError(f'option "xla_flags": {name!r} is not an XLA flag name (xla_lowercase_words)')
+        if not isinstance(flag_value, (bool, int, float, str)):
+            raise TypeError(f'option "xla_flags": {name} must be a bool, int, float or str, got {flag_value!r}')
+        flags.append((name, flag_value))
+    return tuple(sorted(flags))
+
+
+def _dump_dir(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f'option "dump_dir" must be a path, got {value!r}')
+    path = os.fspath(value)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def parse(mode: str | None = None, options: Mapping[str, Any] | None = None) -> CompileOptions:
+    """Validates `mode=` and `options=`; the mode's defaults apply under the explicit options."""
+    mode = mode or "default"
+    if mode not in MODES:
+        raise ValueError(f'torch.compile(backend="tpu"): unknown mode {mode!r}; the modes are {", ".join(MODES)}')
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f'torch.compile(backend="tpu"): options must be a dict, got {type(options).__name__}')
+    given = {k.replace("-", "_"): v for k, v in (options or {}).items()}
+    unknown = sorted(set(given) - set(OPTION_NAMES))
+    if unknown:
+        raise ValueError(
+            f'torch.compile(backend="tpu"): unknown option(s) {", ".join(map(repr, unknown))}; '
+            f"the options are {', '.join(OPTION_NAMES)}"
+        )
+    merged = {**_mode_defaults(mode, _platform()), **given}
+    return CompileOptions(
+        mode=mode,
+        dynamic_buckets=_buckets(merged.get("dynamic_buckets")),
+        donate_buffers=_bool("donate_buffers", merged.get("donate_buffers", False)),
+        matmul_precision=_precision(merged.get("matmul_precision")),
+        xla_flags=_flags(merged.get("xla_flags")),
+        async_compile=_bool("async_compile", merged.get("async_compile", False)),
+        dump_dir=_dump_dir(merged.get("dump_dir")),
+    )
+
+
+def dump(options: CompileOptions, name: str, lowered, compiled) -> None:
+    """Writes a graph's StableHLO and optimized HLO to the dump directory."""
+    if options.dump_dir is None:
+        return
+    stem = os.path.join(options.dump_dir, re.sub(r"[^A-Za-z0-9_.-]", "_", name))
+    with open(f"{stem}.stablehlo.mlir", "w") as f:
+        f.write(lowered.as_text())
+    with open(f"{stem}.hlo.txt", "w") as f:
+        f.write(compiled.as_text())
+
+
+def compile_lowered(lowered, options: CompileOptions):
+    """Compiles a lowered graph with this graph's XLA flags (a flag XLA does not know raises ValueError)."""
+    flags = options.compiler_options()
+    if flags is None:
+        return lowered.compile()
+    try:
+        return lowered.compile(compiler_options=flags)
+    except Exception as error:  # jaxlib raises its own error types for bad debug options
+        raise ValueError(f'torch.compile(backend="tpu") option "xla_flags" {flags} rejected by XLA: {error}') from error
