@@ -1,0 +1,37 @@
+"""Host reads of arrays whose shards live on several processes (multi-controller SPMD)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def fetchable(array: jax.Array) -> jax.Array:
+    """`array`, or a replicated copy of it where its value is split over processes (a collective:
+    every process reads the same tensor, as SPMD programs do)."""
+    if array.is_fully_addressable or array.is_fully_replicated:
+        return array
+    sharding = array.sharding
+    if isinstance(sharding, NamedSharding):
+        mesh = sharding.mesh
+    else:
+        grid = np.empty(len(sharding.device_set), dtype=object)
+        grid[:] = sorted(sharding.device_set, key=lambda d: d.id)
+        mesh = jax.sharding.Mesh(grid, ("all",))
+    return _replicator(mesh)(array)
+
+
+_replicators: dict = {}
+
+
+def _replicator(mesh: jax.sharding.Mesh):
+    fn = _replicators.get(mesh)
+    if fn is None:
+        fn = _replicators[mesh] = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return fn
+
+
+def host_value(array: jax.Array) -> np.ndarray:
+    """The whole value of `array` on the host, whichever process holds its shards."""
+    return np.asarray(fetchable(array))
