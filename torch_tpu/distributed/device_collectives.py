@@ -23,7 +23,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from torch_tpu.distributed import multihost
-from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
+from torch_tpu.ops.dispatcher import to_jax, write_jax
 from torch_tpu.runtime import client
 
 AXIS = "ranks"
@@ -34,6 +34,11 @@ _REDUCERS = {
     dist.ReduceOp.MAX: lax.pmax,
     dist.ReduceOp.MIN: lax.pmin,
 }
+
+
+def op_type(op) -> object:
+    """A reduce op as its RedOpType (c10d hands over ReduceOp objects, which hash apart)."""
+    return getattr(op, "op", op)
 
 
 def _shard_map(fn, mesh: jax.sharding.Mesh):
@@ -104,13 +109,14 @@ class DeviceCollectives:
 
     @staticmethod
     def supports(tensors: list[torch.Tensor], op=None) -> bool:
-        if op is not None and op not in _REDUCERS:
+        if op is not None and op_type(op) not in _REDUCERS:
             return False
         return all(t.dtype in DTYPES and multihost.is_initialized() for t in tensors)
 
     # ---- the collectives: each runs one SPMD program over the ranks' devices ----------------
 
     def _global(self, mesh: jax.sharding.Mesh, value: jax.Array) -> jax.Array:
+        multihost.before_program()
         row = value[None]
         sharding = NamedSharding(mesh, PartitionSpec(AXIS))
         return jax.make_array_from_single_device_arrays((self.size, *value.shape), sharding, [row])
@@ -120,7 +126,7 @@ class DeviceCollectives:
         return array.addressable_data(0)[0]
 
     def allreduce(self, mesh: jax.sharding.Mesh, tensors: list[torch.Tensor], op) -> None:
-        fn = _all_reduce(mesh, op)
+        fn = _all_reduce(mesh, op_type(op))
         for t in tensors:
             write_jax(t, self._row(fn(self._global(mesh, to_jax(t)))))
 
@@ -132,7 +138,7 @@ class DeviceCollectives:
                 write_jax(o, gathered[i].reshape(tuple(o.shape)))
 
     def reduce_scatter(self, mesh: jax.sharding.Mesh, outputs: list[torch.Tensor], inputs, op) -> None:
-        fn = _reduce_scatter(mesh, op)
+        fn = _reduce_scatter(mesh, op_type(op))
         for out, chunks in zip(outputs, inputs):
             stacked = jnp.stack([to_jax(c) for c in chunks])
             write_jax(out, self._row(fn(self._global(mesh, stacked))).reshape(tuple(out.shape)))
@@ -149,4 +155,4 @@ class DeviceCollectives:
         write_jax(output, self._row(fn(self._global(mesh, to_jax(input)))))
 
 
-__all__ = ["DTYPES", "DeviceCollectives", "from_jax"]
+__all__ = ["DTYPES", "DeviceCollectives"]
