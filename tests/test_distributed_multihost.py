@@ -119,7 +119,8 @@ def test_c10d_device_collectives_point_to_point_and_barriers():
 def test_a_process_dying_mid_collective_makes_the_other_raise():
     results = _launch("die", timeout=120, torchrun_env=True)
     rc, out = results[0]
-    assert rc == 3 and "clear error:" in out, f"rank 0 (rc={rc}):\n{out[-4000:]}"
+    expected = "clear error: DistBackendError: tpu device collective allreduce failed"
+    assert rc == 3 and expected in out, f"rank 0 (rc={rc}):\n{out[-4000:]}"
     assert results[1][0] == 17
 
 

@@ -220,7 +220,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         op = _reduce_op(opts)
         mesh = self._device_mesh(tensors, op)
         if mesh is not None:
-            self.device.allreduce(mesh, tensors, op)
+            self.device.run("allreduce", mesh, tensors, op)
         else:
             self.transport.allreduce(tensors, op)
         return _DoneWork(tensors)
@@ -232,7 +232,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         inputs = list(input_tensors)
         mesh = self._device_mesh(inputs + [o for outs in output_tensors for o in outs])
         if mesh is not None:
-            self.device.allgather(mesh, output_tensors, inputs)
+            self.device.run("allgather", mesh, output_tensors, inputs)
         else:
             self.transport.allgather(output_tensors, inputs)
         return _DoneWork(output_tensors)
@@ -250,7 +250,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         op = _reduce_op(opts)
         mesh = self._device_mesh(outputs + [c for chunks in input_tensors for c in chunks], op)
         if mesh is not None:
-            self.device.reduce_scatter(mesh, outputs, input_tensors, op)
+            self.device.run("reduce_scatter", mesh, outputs, input_tensors, op)
         else:
             self.transport.reduce_scatter(outputs, input_tensors, op)
         return _DoneWork(outputs)
@@ -268,7 +268,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         tensors = list(tensors)
         mesh = self._device_mesh(tensors)
         if mesh is not None:
-            self.device.broadcast(mesh, tensors, root)
+            self.device.run("broadcast", mesh, tensors, root)
         else:
             self.transport.broadcast(tensors, root)
         return _DoneWork(tensors)
@@ -291,7 +291,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         even = not output_split_sizes and not input_split_sizes and input.shape[0] % self.size() == 0
         mesh = self._device_mesh([output, input]) if even else self._device_mesh([])
         if mesh is not None:
-            self.device.all_to_all(mesh, output, input)
+            self.device.run("all_to_all", mesh, output, input)
         else:
             self.transport.all_to_all(output, input, output_split_sizes, input_split_sizes)
         return _DoneWork([output])

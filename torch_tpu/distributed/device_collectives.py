@@ -12,6 +12,7 @@ all_to_all, a dtype outside `DTYPES`) goes through the host transport and is cou
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -75,6 +76,18 @@ def _all_to_all(mesh: jax.sharding.Mesh) -> object:
     return _shard_map(lambda x: lax.all_to_all(x[0], AXIS, 0, 0, tiled=True)[None], mesh)
 
 
+@contextlib.contextmanager
+def _reported(name: str):
+    """An XLA collective that fails (e.g. a peer process exited: gloo's connection closed)
+    raises torch's DistBackendError naming the collective."""
+    try:
+        yield
+    except (jax.errors.JaxRuntimeError, ValueError) as error:  # jax raises runtime failures as ValueError too
+        raise dist.DistBackendError(
+            f"tpu device collective {name} failed; a peer process may have exited or stopped answering: {error}"
+        ) from error
+
+
 class DeviceCollectives:
     """XLA collectives over the devices of a group's ranks (rank i's tensors on devices[i])."""
 
@@ -125,32 +138,38 @@ class DeviceCollectives:
     def _row(array: jax.Array) -> jax.Array:
         return array.addressable_data(0)[0]
 
-    def allreduce(self, mesh: jax.sharding.Mesh, tensors: list[torch.Tensor], op) -> None:
+    def run(self, name: str, *args) -> None:
+        """Runs the collective `name` (allreduce, allgather, reduce_scatter, broadcast, all_to_all)."""
+        with _reported(name):
+            getattr(self, "_" + name)(*args)
+            multihost.before_program()  # the results are ready when the call returns
+
+    def _allreduce(self, mesh: jax.sharding.Mesh, tensors: list[torch.Tensor], op) -> None:
         fn = _all_reduce(mesh, op_type(op))
         for t in tensors:
             write_jax(t, self._row(fn(self._global(mesh, to_jax(t)))))
 
-    def allgather(self, mesh: jax.sharding.Mesh, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]):
+    def _allgather(self, mesh: jax.sharding.Mesh, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]):
         fn = _all_gather(mesh)
         for outs, t in zip(outputs, inputs):
             gathered = self._row(fn(self._global(mesh, to_jax(t))))
             for i, o in enumerate(outs):
                 write_jax(o, gathered[i].reshape(tuple(o.shape)))
 
-    def reduce_scatter(self, mesh: jax.sharding.Mesh, outputs: list[torch.Tensor], inputs, op) -> None:
+    def _reduce_scatter(self, mesh: jax.sharding.Mesh, outputs: list[torch.Tensor], inputs, op) -> None:
         fn = _reduce_scatter(mesh, op_type(op))
         for out, chunks in zip(outputs, inputs):
             stacked = jnp.stack([to_jax(c) for c in chunks])
             write_jax(out, self._row(fn(self._global(mesh, stacked))).reshape(tuple(out.shape)))
 
-    def broadcast(self, mesh: jax.sharding.Mesh, tensors: list[torch.Tensor], root: int) -> None:
+    def _broadcast(self, mesh: jax.sharding.Mesh, tensors: list[torch.Tensor], root: int) -> None:
         fn = _all_gather(mesh)
         for t in tensors:
             gathered = self._row(fn(self._global(mesh, to_jax(t))))
             if self.rank != root:
                 write_jax(t, gathered[root])
 
-    def all_to_all(self, mesh: jax.sharding.Mesh, output: torch.Tensor, input: torch.Tensor) -> None:
+    def _all_to_all(self, mesh: jax.sharding.Mesh, output: torch.Tensor, input: torch.Tensor) -> None:
         fn = _all_to_all(mesh)
         write_jax(output, self._row(fn(self._global(mesh, to_jax(input)))))
 
