@@ -124,6 +124,44 @@ def test_a_process_dying_mid_collective_makes_the_other_raise():
     assert results[1][0] == 17
 
 
+def test_topology_aware_mesh_orders_devices_by_physical_place():
+    from types import SimpleNamespace
+
+    import torch
+
+    import torch_tpu.distributed as td
+    from torch_tpu.distributed.mesh import _physical_key
+
+    n = torch.tpu.device_count()
+    mesh = td.topology_aware_mesh((1, n), ("data", "model"))
+    assert mesh.device_ids == tuple(sorted(mesh.device_ids)) and mesh.size("model") == n
+    chips = [
+        SimpleNamespace(id=i, process_index=0, coords=c, core_on_chip=core)
+        for i, (c, core) in enumerate([((1, 0, 0), 0), ((0, 1, 0), 0), ((0, 0, 0), 1), ((0, 0, 0), 0)])
+    ]
+    # x runs fastest, then y, then z; the cores of one chip stay together
+    assert [d.id for d in sorted(chips, key=_physical_key)] == [3, 2, 0, 1]
+    hosts = [SimpleNamespace(id=i, process_index=p, coords=None) for i, p in [(5, 1), (1, 0), (4, 1), (0, 0)]]
+    assert [d.id for d in sorted(hosts, key=_physical_key)] == [0, 1, 4, 5]
+    # a Mesh takes jax devices too
+    assert td.Mesh((n,), ("x",), list(mesh.jax_mesh.devices.flat)[::-1]).device_ids == tuple(reversed(mesh.device_ids))
+
+
+def test_initialize_needs_its_peers_and_no_live_tensors(monkeypatch):
+    import torch
+
+    import torch_tpu.distributed as td
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ValueError, match="coordinator_address, num_processes, process_id not given"):
+        td.initialize()
+    alive = torch.ones(2, device="tpu")
+    with pytest.raises(RuntimeError, match="must run before any tpu tensor exists"):
+        td.initialize("127.0.0.1:1", 2, 0)
+    assert not td.is_initialized() and alive.sum().item() == 2
+
+
 # ---- the workers ----------------------------------------------------------------
 
 
