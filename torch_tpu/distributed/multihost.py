@@ -16,12 +16,11 @@ import numpy as np
 import torch
 
 from torch_tpu import _C, debug
-from torch_tpu.runtime import client
-from torch_tpu.runtime.global_arrays import fetchable, host_value
+from torch_tpu.runtime import client, global_arrays
+from torch_tpu.runtime.global_arrays import before_program, fetchable, host_value
 
 # The jax coordinator listens next to torchrun's store: MASTER_PORT + this offset.
 COORDINATOR_PORT_OFFSET = 1
-_serialize = False  # see before_program
 
 
 def is_initialized() -> bool:
@@ -103,8 +102,7 @@ def initialize(
     )
     client.reset()
     devices = client.devices()
-    global _serialize
-    _serialize = client.platform() == "cpu" and num_processes > 1
+    global_arrays.serialize_programs = client.platform() == "cpu" and num_processes > 1
     _C._set_devices(
         [
             (i, getattr(d, "device_kind", d.platform), client.platform(), list(getattr(d, "coords", []) or []))
@@ -115,15 +113,6 @@ def initialize(
         "distributed",
         f"process {process_id} of {num_processes}: {len(devices)} local, {len(client.global_devices())} global devices",
     )
-
-
-def before_program() -> None:
-    """Called before each eager op once tensors are sharded. On the CPU client across processes,
-    the previous programs finish first: XLA:CPU's cross-process (gloo) collectives deadlock when
-    two multi-device programs are in flight at once (seen with 2 processes x 4 devices). On TPU
-    programs stay queued asynchronously."""
-    if _serialize:
-        client.synchronize()
 
 
 def shutdown() -> None:
@@ -155,4 +144,13 @@ def local_shards(tensor: torch.Tensor) -> list[tuple[tuple[slice, ...], torch.Te
     return [(s.index, torch.from_numpy(np.asarray(s.data).copy())) for s in buf.addressable_shards]
 
 
-__all__ = ["fetchable", "host_value", "initialize", "is_initialized", "local_shards", "place", "process_count"]
+__all__ = [
+    "before_program",
+    "fetchable",
+    "host_value",
+    "initialize",
+    "is_initialized",
+    "local_shards",
+    "place",
+    "process_count",
+]

@@ -6,6 +6,20 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from torch_tpu.runtime import client
+
+# Set by torch_tpu.distributed.initialize() on the CPU client with more than one process.
+serialize_programs = False
+
+
+def before_program() -> None:
+    """Called before each eager op on sharded tensors and each compiled segment. On the CPU
+    client across processes, the previous programs finish first: XLA:CPU's cross-process (gloo)
+    collectives deadlock when two multi-device programs are in flight at once (seen with 2
+    processes x 4 devices). On TPU programs stay queued asynchronously."""
+    if serialize_programs:
+        client.synchronize()
+
 
 def fetchable(array: jax.Array) -> jax.Array:
     """`array`, or a replicated copy of it where its value is split over processes (a collective:
