@@ -1,0 +1,332 @@
+"""Eager per-op overhead of torch_tpu against bare jax.jit, torchax and torch_xla, interleaved.
+
+python benchmarks/eager_dispatch.py [--rounds 7] [--calls 2000] [--json OUT]
+    [--torchax-src DIR] [--torch-xla-python PYTHON]
+
+Each backend runs in its own worker process (torchax and torch_xla rename or own PrivateUse1 and
+torch_xla needs its own torch). The driver sends every worker the same case in turn, round after
+round, in a shuffled order, so that load on the machine hits all backends alike. A case is timed
+as `calls` back-to-back calls followed by one wait for the last result; the table shows the median
+over the rounds in µs per call and the ratio to bare jax.jit (for the ops) or to torch_tpu (for the
+Linear+ReLU step).
+
+Cases:
+- add4:   a + b on 4-element float32 tensors
+- mm256:  a @ b on 256x256 float32
+- linear_relu_step: forward and backward of relu(Linear(256, 256)(x)).sum(), x of 64x256
+
+Peers: torchax runs from its source tree (`--torchax-src`, or $TORCHAX_SRC), op by op in its eager
+mode (the step through torch.func.grad, its way into autograd). torch_xla runs from another
+interpreter (`--torch-xla-python`, or $TORCH_XLA_PYTHON; a venv with torch==2.9.0 torch-xla==2.9.0)
+with PJRT_DEVICE=CPU, in its default lazy mode with one `mark_step()` per call and, where it has
+one, in its eager mode. A peer that is not given or does not start is reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+CASES = ("add4", "mm256", "linear_relu_step")
+OP_CASES = ("add4", "mm256")
+
+# ---- workers: one process per backend, reading "CASE CALLS" lines and answering JSON -------------
+
+
+def _torch_inputs(torch, device):
+    g = torch.Generator().manual_seed(0)
+    return {
+        "add4": [torch.randn(4, generator=g).to(device) for _ in range(2)],
+        "mm256": [torch.randn(256, 256, generator=g).to(device) for _ in range(2)],
+        "linear_relu_step": [torch.randn(64, 256, generator=g).to(device)],
+    }
+
+
+def _torch_cases(torch, device, wait, mark_step=None, functional_grad=False):
+    inputs = _torch_inputs(torch, device)
+    linear = torch.nn.Linear(256, 256).to(device)
+    params = dict(linear.named_parameters())
+
+    def functional_loss(p, x):
+        return torch.relu(torch.func.functional_call(linear, p, (x,))).sum()
+
+    def add4():
+        a, b = inputs["add4"]
+        return a + b
+
+    def mm256():
+        a, b = inputs["mm256"]
+        return a @ b
+
+    def linear_relu_step():
+        (x,) = inputs["linear_relu_step"]
+        if functional_grad:  # torchax tensors take part in autograd through torch.func only
+            return torch.func.grad(functional_loss)(params, x)["weight"]
+        loss = torch.relu(linear(x)).sum()
+        loss.backward()
+        return linear.weight.grad
+
+    def timed(fn):
+        def run(calls):
+            out = None
+            start = time.perf_counter()
+            for _ in range(calls):
+                out = fn()
+                if mark_step is not None:
+                    mark_step()
+            wait(out)
+            return (time.perf_counter() - start) / calls
+
+        return run
+
+    return {name: timed(fn) for name, fn in (("add4", add4), ("mm256", mm256), ("linear_relu_step", linear_relu_step))}
+
+
+def _worker_torch_tpu():
+    import torch
+
+    import torch_tpu
+
+    return _torch_cases(torch, "tpu", lambda out: torch_tpu.sync())
+
+
+def _worker_jax():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a4, b4 = (jnp.asarray(rng.standard_normal(4, dtype=np.float32)) for _ in range(2))
+    a, b = (jnp.asarray(rng.standard_normal((256, 256), dtype=np.float32)) for _ in range(2))
+    x = jnp.asarray(rng.standard_normal((64, 256), dtype=np.float32))
+    w = jnp.asarray(rng.standard_normal((256, 256), dtype=np.float32))
+    bias = jnp.zeros(256, jnp.float32)
+    add = jax.jit(lambda p, q: p + q)
+    mm = jax.jit(lambda p, q: p @ q)
+    grad = jax.jit(jax.grad(lambda w, b, x: jax.nn.relu(x @ w.T + b).sum(), argnums=(0, 1)))
+
+    def timed(fn):
+        def run(calls):
+            out = None
+            start = time.perf_counter()
+            for _ in range(calls):
+                out = fn()
+            jax.block_until_ready(out)
+            return (time.perf_counter() - start) / calls
+
+        return run
+
+    return {
+        "add4": timed(lambda: add(a4, b4)),
+        "mm256": timed(lambda: mm(a, b)),
+        "linear_relu_step": timed(lambda: grad(w, bias, x)),
+    }
+
+
+def _worker_torchax():
+    import jax
+    import torch
+    import torchax
+
+    env = torchax.default_env()
+    env.__enter__()
+
+    def wait(out):
+        jax.block_until_ready(out._elem if hasattr(out, "_elem") else out)
+
+    return _torch_cases(torch, "jax", wait, functional_grad=True)
+
+
+def _worker_torch_xla(eager: bool):
+    import torch
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    if eager:
+        if not hasattr(torch_xla, "experimental") or not hasattr(torch_xla.experimental, "eager_mode"):
+            raise RuntimeError("this torch_xla has no eager mode")
+        torch_xla.experimental.eager_mode(True)
+    device = xm.xla_device()
+
+    def wait(out):
+        xm.wait_device_ops()
+
+    return _torch_cases(torch, device, wait, mark_step=None if eager else xm.mark_step)
+
+
+WORKERS = {
+    "torch_tpu": _worker_torch_tpu,
+    "jax.jit": _worker_jax,
+    "torchax": _worker_torchax,
+    "torch_xla": lambda: _worker_torch_xla(eager=False),
+    "torch_xla eager": lambda: _worker_torch_xla(eager=True),
+}
+
+
+def _worker_main(name: str) -> None:
+    try:
+        cases = WORKERS[name]()
+    except Exception as e:  # reported in the table
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+        return
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        case, calls = line.split()
+        try:
+            seconds = cases[case](int(calls))
+            print(json.dumps({"us": 1e6 * seconds}), flush=True)
+        except Exception as e:
+            print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, name: str, python: str, env: dict):
+        self.name = name
+        self.error: str | None = None
+        self.proc = subprocess.Popen(
+            [python, os.path.abspath(__file__), "--worker", name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd="/",  # never the repo root: the source tree would shadow the installed wheel
+        )
+        reply = self._read()
+        if "error" in reply:
+            self.error = reply["error"]
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else {"error": "worker exited"}
+
+    def run(self, case: str, calls: int) -> float | None:
+        if self.error:
+            return None
+        self.proc.stdin.write(f"{case} {calls}\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            self.error = reply["error"]
+            return None
+        return reply["us"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _start_workers(args) -> list[Worker]:
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    here = {**base, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    specs = [("torch_tpu", sys.executable, here), ("jax.jit", sys.executable, here)]
+    torchax_src = args.torchax_src or os.environ.get("TORCHAX_SRC")
+    if torchax_src:
+        specs.append(("torchax", sys.executable, {**base, "PYTHONPATH": torchax_src}))
+    xla_python = args.torch_xla_python or os.environ.get("TORCH_XLA_PYTHON")
+    if xla_python:
+        xla_env = {**base, "PJRT_DEVICE": "CPU"}
+        specs += [("torch_xla", xla_python, xla_env), ("torch_xla eager", xla_python, xla_env)]
+    workers = [Worker(*spec) for spec in specs]
+    if not torchax_src:
+        workers.append(_absent("torchax", "not given (--torchax-src or $TORCHAX_SRC)"))
+    if not xla_python:
+        workers.append(_absent("torch_xla", "not given (--torch-xla-python or $TORCH_XLA_PYTHON)"))
+    return workers
+
+
+def _absent(name: str, why: str) -> Worker:
+    worker = Worker.__new__(Worker)
+    worker.name, worker.error, worker.proc = name, why, None
+    worker.close = lambda: None
+    return worker
+
+
+def measure(workers: list[Worker], rounds: int, calls: int) -> dict:
+    samples: dict = {w.name: {c: [] for c in CASES} for w in workers}
+    for case in CASES:
+        for w in workers:  # warm-up: compiles and caches
+            w.run(case, max(calls // 10, 10))
+    for _ in range(rounds):
+        for case in CASES:
+            order = list(workers)
+            random.shuffle(order)
+            for w in order:
+                us = w.run(case, calls)
+                if us is not None:
+                    samples[w.name][case].append(us)
+    return {
+        w.name: {
+            "error": w.error,
+            **{c: statistics.median(v) for c, v in samples[w.name].items() if v},
+        }
+        for w in workers
+    }
+
+
+def table(results: dict) -> str:
+    jit = results.get("jax.jit", {})
+    tpu = results.get("torch_tpu", {})
+    lines = [
+        "| backend | add4 µs | mm256 µs | Linear+ReLU step µs | add4 / jax.jit | mm256 / jax.jit | step / torch_tpu |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        if r.get("error") and not any(c in r for c in CASES):
+            lines.append(f"| {name} | {r['error']} | | | | | |")
+            continue
+
+        def cell(case, r=r):
+            return f"{r[case]:.1f}" if case in r else "-"
+
+        def ratio(case, ref, r=r):
+            return f"{r[case] / ref[case]:.2f}x" if case in r and case in ref else "-"
+
+        lines.append(
+            f"| {name} | {cell('add4')} | {cell('mm256')} | {cell('linear_relu_step')} | "
+            f"{ratio('add4', jit)} | {ratio('mm256', jit)} | {ratio('linear_relu_step', tpu)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--torchax-src")
+    parser.add_argument("--torch-xla-python")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    if args.worker:
+        _worker_main(args.worker)
+        return 0
+    workers = _start_workers(args)
+    try:
+        results = measure(workers, args.rounds, args.calls)
+    finally:
+        for w in workers:
+            w.close()
+    print(f"median of {args.rounds} interleaved rounds of {args.calls} calls each")
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rounds": args.rounds, "calls": args.calls, "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
