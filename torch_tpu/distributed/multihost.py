@@ -102,7 +102,7 @@ def initialize(
     )
     client.reset()
     devices = client.devices()
-    global_arrays.serialize_programs = client.platform() == "cpu" and num_processes > 1
+    global_arrays.serialize_programs = None  # decided again over the joint client
     _C._set_devices(
         [
             (i, getattr(d, "device_kind", d.platform), client.platform(), list(getattr(d, "coords", []) or []))

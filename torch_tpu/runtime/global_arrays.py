@@ -8,8 +8,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from torch_tpu.runtime import client
 
-# Set by torch_tpu.distributed.initialize() on the CPU client with more than one process.
-serialize_programs = False
+# Whether programs wait for the previous ones: the CPU client with more than one process.
+# None: not decided yet (decided on first use, after jax.distributed.initialize if any).
+serialize_programs: bool | None = None
 
 
 def before_program() -> None:
@@ -17,6 +18,9 @@ def before_program() -> None:
     client across processes, the previous programs finish first: XLA:CPU's cross-process (gloo)
     collectives deadlock when two multi-device programs are in flight at once (seen with 2
     processes x 4 devices). On TPU programs stay queued asynchronously."""
+    global serialize_programs
+    if serialize_programs is None:
+        serialize_programs = client.platform() == "cpu" and jax.process_count(client.platform()) > 1
     if serialize_programs:
         client.synchronize()
 
