@@ -162,6 +162,13 @@ def test_initialize_needs_its_peers_and_no_live_tensors(monkeypatch):
     assert not td.is_initialized() and alive.sum().item() == 2
 
 
+def test_a_process_dying_mid_spmd_program_makes_the_other_raise():
+    results = _launch("die_spmd", timeout=120)
+    rc, out = results[0]
+    assert rc == 3 and "clear error: JaxRuntimeError" in out and "Gloo" in out, f"rank 0 (rc={rc}):\n{out[-4000:]}"
+    assert results[1][0] == 17
+
+
 # ---- the workers ----------------------------------------------------------------
 
 
@@ -312,6 +319,28 @@ def _die(rank: int) -> None:
     os._exit(0)
 
 
+def _die_spmd(rank: int, port: int) -> None:
+    import torch
+
+    import torch_tpu.distributed as td
+
+    td.initialize(f"127.0.0.1:{port}", 2, rank, heartbeat_timeout_s=10)
+    mesh = td.Mesh((2, 4), ("data", "model"))
+    x = td.mark_sharding(torch.randn(8, 16).to("tpu"), mesh, ("data", None))
+    w = td.mark_sharding(torch.randn(16, 8).to("tpu"), mesh, (None, "model"))
+    (x @ w).sum().item()
+    if rank == 1:
+        os._exit(17)  # the other process runs the next programs alone
+    try:
+        for _ in range(3):
+            (x @ w * 2).sum().item()
+    except Exception as error:  # the test reads the message
+        print(f"rank 0: clear error: {type(error).__name__}: {error}", flush=True)
+        os._exit(3)  # (jax's coordination service would end this process too, after its heartbeat timeout)
+    print("rank 0: no error", flush=True)
+    os._exit(0)
+
+
 if __name__ == "__main__":
     scenario = sys.argv[1]
     if scenario == "reference":
@@ -322,5 +351,7 @@ if __name__ == "__main__":
         _c10d(int(sys.argv[2]))
     elif scenario == "die":
         _die(int(sys.argv[2]))
+    elif scenario == "die_spmd":
+        _die_spmd(int(sys.argv[2]), int(sys.argv[3]))
     else:
         sys.exit(f"unknown scenario {scenario}")
