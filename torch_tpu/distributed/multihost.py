@@ -121,11 +121,6 @@ def shutdown() -> None:
         jax.distributed.shutdown()
 
 
-def is_global(array: jax.Array) -> bool:
-    """True for an array with shards on another process's devices."""
-    return not array.is_fully_addressable
-
-
 def place(value: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
     """`value` (on one local device, the same on every process) laid out by `sharding`, which
     may span other processes' devices: each process places its own shards, device to device."""
