@@ -22,7 +22,7 @@ _WHEEL = "//ci/wheel:torch_tpu_wheel"
 _RUNNER = "//build_defs:pytest_runner.py"
 _SHARED_SUPPORT = "//tests:support"
 
-def torch_tpu_py_test(name, srcs, data = [], env = {}, shard_count = None, size = "medium", timeout = "long", tags = [], **kwargs):
+def torch_tpu_py_test(name, srcs, data = [], env = {}, shard_count = None, size = "medium", timeout = "long", tags = [], python = None, pytest_args = [], **kwargs):
     """A py_test running pytest on `srcs` against the installed wheel.
 
     Args:
@@ -35,16 +35,23 @@ def torch_tpu_py_test(name, srcs, data = [], env = {}, shard_count = None, size 
       timeout: Bazel timeout class; "long" (15 min) because op test files grow, and a 2-core
         machine already needs over 3 minutes for some.
       tags: Bazel tags.
+      python: an interpreter target to run pytest with instead of @python_env's, e.g.
+        "@python_env_2_14//:python" to test the wheel against torch 2.14.
+      pytest_args: arguments after the test files (e.g. ["-k", "llama"]).
       **kwargs: passed to py_test (flaky, ...).
     """
     test_env = dict(TORCH_TPU_TEST_ENV)
     test_env.update(env)
+    python_args = []
+    if python:
+        python_args = ["--python=$(rootpath %s)" % python]
+        data = data + [python]
     native.py_test(
         name = name,
         srcs = [_RUNNER] + srcs,
         main = _RUNNER,
-        args = ["--torch_tpu_wheel=$(rootpath %s)" % _WHEEL] +
-               ["$(rootpath %s)" % src for src in srcs],
+        args = python_args + ["--torch_tpu_wheel=$(rootpath %s)" % _WHEEL] +
+               ["$(rootpath %s)" % src for src in srcs] + pytest_args,
         data = [_WHEEL] + data,
         env = test_env,
         legacy_create_init = False,

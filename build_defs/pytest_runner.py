@@ -1,6 +1,9 @@
 """Runs pytest on torch_tpu test files against the built wheel (main of torch_tpu_py_test).
 
-argv: --torch_tpu_wheel=WHEEL TEST_FILE... [extra pytest args, e.g. from --test_arg]
+argv: [--python=PYTHON] --torch_tpu_wheel=WHEEL TEST_FILE... [extra pytest args, e.g. from --test_arg]
+
+0. With --python (a test for another torch version, e.g. @python_env_2_14//:python), the runner
+   first re-runs itself under that interpreter, whose venv holds that torch.
 
 1. `pip install --no-deps` the wheel into $TEST_TMPDIR/site and put that first on sys.path
    (and on PYTHONPATH / PATH for subprocesses and the tpu-info script). The source tree's
@@ -23,6 +26,7 @@ import tempfile
 import pytest
 
 _WHEEL_FLAG = "--torch_tpu_wheel="
+_PYTHON_FLAG = "--python="
 
 
 def _install_wheel(wheel, tmpdir):
@@ -63,6 +67,13 @@ class _ShardPlugin:
 
 
 def main(argv):
+    python = [a[len(_PYTHON_FLAG):] for a in argv if a.startswith(_PYTHON_FLAG)]
+    if python:
+        argv = [a for a in argv if not a.startswith(_PYTHON_FLAG)]
+        interpreter = os.path.abspath(python[-1])
+        sys.stdout.flush()
+        os.execv(interpreter, [interpreter, os.path.abspath(__file__)] + argv)
+
     wheel = None
     rest = []
     for arg in argv:

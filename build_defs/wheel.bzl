@@ -4,12 +4,11 @@ rules_python's py_wheel is not available offline, so this small rule runs
 //ci/wheel:build_wheel (zipfile; METADATA, WHEEL, RECORD with sha256, entry_points.txt).
 
 - Python tag, ABI tag and platform tag come from the @python_env venv (e.g. cp311-cp311-linux_x86_64).
-- `Requires-Dist` pins for `pinned` come from the lock file, so the wheel asks for exactly the
-  torch/jax/jaxlib/numpy it was built and tested against.
-- `--//:torch_version` must equal the lock's torch pin; the action fails otherwise.
+- `Requires-Dist` is `requires` (ranges, e.g. torch>=2.13,<2.15). The action fails unless
+  every lock file of `locks` (one per torch version the wheel has glue for) pins versions
+  inside those ranges, so the ranges cover what was built and tested.
 """
 
-load("@bazel_skylib//rules:common_settings.bzl", "BuildSettingInfo")
 load("@python_env//:defs.bzl", "ABI_TAG", "PLATFORM_TAG", "PYTHON_TAG", "PYTHON_VERSION")
 
 def _wheel_path(f, strip_prefix):
@@ -54,9 +53,8 @@ def _torch_tpu_wheel_impl(ctx):
     args.add("--tag", tag)
     args.add("--summary", ctx.attr.summary)
     args.add("--requires_python", "==%s.*" % ".".join(PYTHON_VERSION.split(".")[:2]))
-    args.add("--lock", ctx.file.lock)
-    args.add_all(ctx.attr.pinned, before_each = "--pin")
-    args.add("--expect_pin", "torch==" + ctx.attr._torch_version[BuildSettingInfo].value)
+    args.add_all(ctx.files.locks, before_each = "--lock")
+    args.add_all(ctx.attr.requires, before_each = "--requires")
     args.add("--entry_points", entry_points)
     for path in sorted(entries):
         args.add("--file", "%s=%s" % (path, entries[path].path))
@@ -64,7 +62,7 @@ def _torch_tpu_wheel_impl(ctx):
     ctx.actions.run(
         executable = ctx.executable._builder,
         arguments = [args],
-        inputs = [ctx.file.lock, entry_points] + entries.values(),
+        inputs = ctx.files.locks + [entry_points] + entries.values(),
         outputs = [out],
         mnemonic = "PyWheel",
         progress_message = "Building wheel %s" % out.short_path,
@@ -90,9 +88,8 @@ torch_tpu_wheel = rule(
         "entry_points": attr.string_list_dict(
             doc = 'Group -> ["name = module:attr", ...], written to entry_points.txt.',
         ),
-        "lock": attr.label(mandatory = True, allow_single_file = True),
-        "pinned": attr.string_list(doc = "Requirements pinned as Requires-Dist NAME==<lock version>."),
-        "_torch_version": attr.label(default = "//:torch_version"),
+        "locks": attr.label_list(mandatory = True, allow_files = True, doc = "Lock files whose pins must satisfy `requires`."),
+        "requires": attr.string_list(doc = "Requires-Dist lines, e.g. torch>=2.13,<2.15."),
         "_builder": attr.label(
             default = "//ci/wheel:build_wheel",
             executable = True,

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Runs the torch_tpu tests: builds the wheel and runs //tests/... (pytest against the installed
-# wheel) and //ci/... (wheel checks), printing every test log so pytest's summary lines reach the
-# output. Exits non-zero when a test fails. Extra arguments go to `bazel test`, e.g.
+# Runs the torch_tpu tests: builds the wheel (glue for torch 2.13 and 2.14) and runs //tests/...
+# (pytest against the installed wheel: the full suite under torch 2.13, the smoke subset
+# //tests/torch_2_14 under torch 2.14) and //ci/... (wheel checks, core built once), then checks
+# with `bazel aquery` that the core compiles once (ci/check_core_built_once.sh). Prints every
+# test log so pytest's summary lines reach the output. Exits non-zero when a test fails. Extra
+# arguments go to `bazel test`, e.g.
 #   bash ci/test.sh --test_filter=...   or   bash ci/test.sh --test_arg=-k --test_arg=add
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +13,7 @@ ci_setup
 
 status=0
 bazel test "${BAZEL_FLAGS[@]}" --test_output=all "$@" -- //ci/... //tests/... || status=$?
+bash ci/check_core_built_once.sh "${BAZEL_FLAGS[@]}" || status=1
 
 # One closing line over all pytest targets: "N passed, N failed" (skipped if any).
 testlogs="$(bazel info "${BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null || true)"

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/DeviceCapability.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -86,6 +87,18 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
       DeviceRegistry::instance().set_current_device(d.index());
     } catch (const std::exception&) {
     }
+  }
+  // The dtypes a tpu tensor can hold (torch_tpu/ops/dtypes.py's TORCH_TO_NUMPY).
+  c10::DeviceCapability getDeviceCapability(Device /*d*/) const override {
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = 0;
+    for (auto index : {c10::kIndex_Byte, c10::kIndex_Char, c10::kIndex_Short, c10::kIndex_Int, c10::kIndex_Long,
+                       c10::kIndex_Half, c10::kIndex_Float, c10::kIndex_Double, c10::kIndex_ComplexFloat,
+                       c10::kIndex_ComplexDouble, c10::kIndex_Bool, c10::kIndex_BFloat16, c10::kIndex_UInt16,
+                       c10::kIndex_UInt32, c10::kIndex_UInt64, c10::kIndex_Float8_e4m3fn, c10::kIndex_Float8_e5m2}) {
+      cap.capability_data.capability_bits |= 1ULL << index;
+    }
+    return cap;
   }
   Stream getStream(Device d) const override { return Stream(Stream::DEFAULT, resolved(d)); }
   Stream getDefaultStream(Device d) const override { return Stream(Stream::DEFAULT, resolved(d)); }

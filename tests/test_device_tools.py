@@ -234,7 +234,7 @@ def test_memory_is_per_device_and_stats_use_cuda_keys():
     assert stats["active.all.current"] == stats_before["active.all.current"] + 1
     for key in ("reserved_bytes.all.current", "active_bytes.all.peak", "num_ooms", "num_alloc_retries"):
         assert key in stats
-    runtime = torch_tpu.memory.runtime_stats(1)
+    runtime = torch_tpu.device.memory.runtime_stats(1)
     if runtime:  # a client with device memory stats (TPU, GPU): reported as device.<name>
         assert all(f"device.{k}" in stats for k in runtime)
     del t
@@ -247,7 +247,7 @@ def test_memory_is_per_device_and_stats_use_cuda_keys():
 def memory_limit():
     """Restores "no limit" on tpu:0 after the test."""
     yield
-    torch_tpu.memory.set_limit(0, None)
+    torch_tpu.device.memory.set_limit(0, None)
 
 
 def test_out_of_memory_at_the_limit_and_recovery(memory_limit):

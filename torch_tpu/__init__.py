@@ -1,10 +1,21 @@
 """torch_tpu: a native PyTorch backend for XLA devices (TPU first).
 
-`import torch_tpu` (or torch's backend autoload) renames PrivateUse1 to "tpu",
-loads the C++ device surface, registers `torch.tpu` and the op lowerings.
+`import torch_tpu` (or torch's backend autoload) renames PrivateUse1 to "tpu", loads the C++
+extension built for the running torch (torch_tpu/_extension.py) and registers `torch.tpu`, the
+op lowerings and the rest (torch_tpu/_register.py).
+
+Loading never takes `import torch` down: without a usable extension (a source checkout that was
+not built, or an unsupported torch), torch's autoload gets a warning naming the fix and the tpu
+device stays unregistered; an explicit `import torch_tpu` raises that error as an ImportError.
 """
 
 from __future__ import annotations
+
+import os as _os
+import sys as _sys
+import warnings as _warnings
+
+__version__ = "0.1.0"
 
 
 def _autoload() -> None:
@@ -12,56 +23,63 @@ def _autoload() -> None:
     backend; defined before `import torch` because that import may autoload us."""
 
 
-import torch  # noqa: E402
-
-from torch_tpu import _C  # noqa: E402
-from torch_tpu.runtime import client as _client  # noqa: E402
-
-__version__ = "0.1.0"
+def _inside_import_of_torch() -> bool:
+    """True while `import torch` itself runs (its backend autoload imports us)."""
+    spec = getattr(_sys.modules.get("torch"), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
 
-def _register() -> None:
-    from torch_tpu.runtime import persistent_cache
-
-    persistent_cache.install()
-    torch.utils.rename_privateuse1_backend("tpu")
-    _C._register_device()
-    devices = _client.devices()
-    _C._set_devices(
-        [
-            (i, getattr(d, "device_kind", d.platform), _client.platform(), list(getattr(d, "coords", []) or []))
-            for i, d in enumerate(devices)
-        ]
-    )
-    from torch_tpu import device_module
-
-    torch._register_device_module("tpu", device_module)
-    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from torch_tpu import ops
-
-    ops.install()
-    from torch_tpu import compile as graph_compile
-    from torch_tpu import kernels  # noqa: F401  (Pallas kernels and the SDPA routing)
-
-    graph_compile.register()
+def _is_tpu_info_command() -> bool:
+    """True in the `tpu-info` console script, which loads the backend only once its arguments
+    are parsed (so `tpu-info --help` starts no backend)."""
+    return _os.path.basename(_sys.argv[0] if _sys.argv else "") == "tpu-info" and "torch" not in _sys.modules
 
 
-_register()
+_loaded = False
 
-from torch_tpu import distributed, metrics  # noqa: E402  (distributed registers the c10d backend "tpu")
-from torch_tpu.tools import stats_file as _stats_file  # noqa: E402
 
-_stats_file.start()  # lets tpu-info see this process's memory
+def _load() -> None:
+    """Imports torch, loads the extension and registers the backend (once)."""
+    global _C, _loaded
+    if _loaded:
+        return
+    autoloading = _inside_import_of_torch()
+    import torch
+
+    from torch_tpu import _extension
+
+    try:
+        _C = _extension.load(torch.__version__)
+    except _extension.ExtensionError as error:
+        if not autoloading:
+            raise
+        _warnings.warn(f"{error} The 'tpu' device is not available.", RuntimeWarning, stacklevel=2)
+        _loaded = True
+        return
+    _loaded = True
+    from torch_tpu import _register
+
+    _register.register()
+    global distributed, metrics
+    from torch_tpu import distributed, metrics
+
+
+if not _is_tpu_info_command():
+    _load()
 
 
 def sync() -> None:
     """Waits for all queued work on all tpu devices."""
-    _client.synchronize()
+    from torch_tpu.runtime import client
+
+    client.synchronize()
 
 
 def platform() -> str:
     """ "tpu", "cuda" or "cpu": the PJRT client tpu tensors run on."""
-    return _client.platform()
+    from torch_tpu.runtime import client
+
+    return client.platform()
 
 
 __all__ = ["distributed", "metrics", "platform", "sync"]

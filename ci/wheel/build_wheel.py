@@ -44,22 +44,58 @@ def _escape(name):
     return re.sub(r"[^\w\d.]+", "_", name, flags=re.UNICODE)
 
 
+_SPEC = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*([0-9][0-9.]*)\s*")
+
+
+def _release(version):
+    """"2.14.1+cpu" -> (2, 14, 1): the release numbers, enough for the ranges used here."""
+    return tuple(int(p) for p in re.match(r"[0-9]+(\.[0-9]+)*", version).group(0).split("."))
+
+
+def _pad(a, b):
+    n = max(len(a), len(b))
+    return a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+
+
+def satisfies(version, specifiers):
+    """True when `version` meets every comma-separated specifier (">=2.13,<2.15")."""
+    checks = {
+        ">=": lambda a, b: a >= b,
+        "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b,
+        "<": lambda a, b: a < b,
+        "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
+    }
+    for spec in specifiers.split(","):
+        m = _SPEC.fullmatch(spec)
+        if not m:
+            raise SystemExit("unsupported version specifier %r" % spec)
+        if not checks[m.group(1)](*_pad(_release(version), _release(m.group(2)))):
+            return False
+    return True
+
+
+def check_requires(requires, locks):
+    """Fails unless every lock pins each required distribution inside its range."""
+    for lock in locks:
+        pins = read_lock(lock)
+        for requirement in requires:
+            m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)", requirement)
+            name, specifiers = m.group(1), m.group(2)
+            version = pins.get(_normalize(name))
+            if version is None:
+                raise SystemExit("%s does not pin %s (Requires-Dist %s)" % (lock, name, requirement))
+            if specifiers and not satisfies(version, specifiers):
+                raise SystemExit(
+                    "Requires-Dist %s does not cover %s==%s from %s: the wheel would allow versions "
+                    "it was not built for, or refuse the one it was." % (requirement, name, version, lock)
+                )
+
+
 def build(args):
-    pins = read_lock(args.lock)
-    requires = []
-    for name in args.pin:
-        version = pins.get(_normalize(name))
-        if version is None:
-            raise SystemExit("%s does not pin %s" % (args.lock, name))
-        requires.append("%s==%s" % (name, version))
-    for expect in args.expect_pin:
-        name, version = expect.split("==", 1)
-        locked = pins.get(_normalize(name))
-        if locked != version:
-            raise SystemExit(
-                "the build expects %s==%s (for torch: --//:torch_version), but %s pins %s==%s. "
-                "Build with the matching flag or update the lock." % (name, version, args.lock, name, locked)
-            )
+    check_requires(args.requires, args.lock)
+    requires = list(args.requires)
 
     dist_info = "%s-%s.dist-info" % (_escape(args.name), _escape(args.version))
     metadata = ["Metadata-Version: 2.1", "Name: " + args.name, "Version: " + args.version]
@@ -122,9 +158,8 @@ def main(argv=None):
     parser.add_argument("--tag", required=True, help="python-abi-platform, e.g. cp311-cp311-linux_x86_64")
     parser.add_argument("--summary", default="")
     parser.add_argument("--requires_python", default="")
-    parser.add_argument("--lock", required=True)
-    parser.add_argument("--pin", action="append", default=[])
-    parser.add_argument("--expect_pin", action="append", default=[])
+    parser.add_argument("--lock", action="append", default=[], help="a lock file the ranges must cover")
+    parser.add_argument("--requires", action="append", default=[], help="Requires-Dist, e.g. torch>=2.13,<2.15")
     parser.add_argument("--entry_points", required=True)
     parser.add_argument("--file", action="append", default=[], help="PATH_IN_WHEEL=SOURCE")
     build(parser.parse_args(argv))

@@ -1,11 +1,12 @@
 """Checks the built torch_tpu wheel: name and tags, RECORD, METADATA pins, entry points, _C.so.
 
-Run by `bazel test //ci/wheel:build_wheel_test`; argv: WHEEL LOCK.
+Run by `bazel test //ci/wheel:build_wheel_test`; argv: WHEEL LOCK... (one lock per torch version).
 """
 
 import base64
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import zipfile
 
 import build_wheel
 
-WHEEL, LOCK = sys.argv[1], sys.argv[2]
+WHEEL, LOCKS = sys.argv[1], sys.argv[2:]
+GLUES = ("torch_tpu/_C/torch_2_13.so", "torch_tpu/_C/torch_2_14.so")
 
 
 class WheelTest(unittest.TestCase):
@@ -50,13 +52,24 @@ class WheelTest(unittest.TestCase):
             self.assertEqual(digest, "sha256=" + expected, path)
             self.assertEqual(int(size), len(data), path)
 
-    def test_requires_dist_pins_come_from_the_lock(self):
-        pins = build_wheel.read_lock(LOCK)
+    def test_requires_dist_ranges_cover_every_lock(self):
         requires = [l.split(": ", 1)[1] for l in self.read("METADATA").splitlines() if l.startswith("Requires-Dist:")]
-        self.assertEqual(
-            requires, ["%s==%s" % (n, pins[n]) for n in ("torch", "jax", "jaxlib", "numpy")]
-        )
-        self.assertEqual(pins["torch"], "2.13.0")
+        self.assertEqual(requires, ["torch>=2.13,<2.15", "jax>=0.10.2,<0.11", "jaxlib>=0.10.2,<0.11", "numpy>=2.0,<3"])
+        torches = sorted(build_wheel.read_lock(lock)["torch"] for lock in LOCKS)
+        self.assertEqual(torches, ["2.13.0", "2.14.1"])
+        build_wheel.check_requires(requires, LOCKS)  # raises SystemExit if not
+
+    def test_ranges_are_checked(self):
+        self.assertTrue(build_wheel.satisfies("2.14.1", ">=2.13,<2.15"))
+        self.assertTrue(build_wheel.satisfies("2.13.0+cpu", ">=2.13,<2.15"))
+        self.assertFalse(build_wheel.satisfies("2.15.0", ">=2.13,<2.15"))
+        self.assertFalse(build_wheel.satisfies("2.12.1", ">=2.13,<2.15"))
+        with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+            lock = os.path.join(tmp, "lock.txt")
+            with open(lock, "w") as f:
+                f.write("torch==2.15.0\n")
+            with self.assertRaises(SystemExit):
+                build_wheel.check_requires(["torch>=2.13,<2.15"], [lock])
 
     def test_entry_points(self):
         text = self.read("entry_points.txt")
@@ -65,20 +78,33 @@ class WheelTest(unittest.TestCase):
 
     def test_package_and_extension(self):
         self.assertIn("torch_tpu/__init__.py", self.names)
-        self.assertIn("torch_tpu/_C.so", self.names)
+        for glue in GLUES:
+            self.assertIn(glue, self.names)
+        self.assertNotIn("torch_tpu/_C.so", self.names)
         self.assertFalse([n for n in self.names if "__pycache__" in n or n.endswith(".pyc")])
 
     def test_extension_finds_torch_through_its_rpath(self):
         readelf = shutil.which("readelf", path=os.environ.get("PATH", "") + ":/usr/bin:/bin")
         if not readelf:
             self.skipTest("readelf not found")
-        with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
-            so = self.zf.extract("torch_tpu/_C.so", tmp)
-            dynamic = subprocess.run([readelf, "-d", so], check=True, capture_output=True, text=True).stdout
-        self.assertIn("$ORIGIN/../torch/lib", dynamic)
-        self.assertNotIn("_solib", dynamic)
-        for lib in ("libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so"):
-            self.assertIn("[%s]" % lib, dynamic)
+        for glue in GLUES:
+            with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+                so = self.zf.extract(glue, tmp)
+                dynamic = subprocess.run([readelf, "-d", so], check=True, capture_output=True, text=True).stdout
+            self.assertIn("$ORIGIN/../../torch/lib", dynamic, glue)
+            self.assertNotIn("_solib", dynamic, glue)
+            for lib in ("libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so"):
+                self.assertIn("[%s]" % lib, dynamic, glue)
+
+    def test_each_glue_is_built_against_its_own_torch(self):
+        # Each glue embeds its pybind11 internals id; torch 2.13 bundles pybind11 3.0 (internals
+        # v11), torch 2.14 pybind11 3.1 (v12).
+        ids = {}
+        for glue in GLUES:
+            data = self.zf.read(glue)
+            ids[glue] = sorted(set(re.findall(rb"__pybind11_internals_v(\d+)", data)))
+        self.assertEqual(ids[GLUES[0]], [b"11"], ids)
+        self.assertEqual(ids[GLUES[1]], [b"12"], ids)
 
 
 if __name__ == "__main__":

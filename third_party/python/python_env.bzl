@@ -64,6 +64,14 @@ def _python_env_impl(rctx):
     rctx.file("probe.json", probe)
     info = json.decode(probe)
     py = info["python"]
+    torch_version = info["torch"]["version"].split("+")[0]
+    if rctx.attr.torch_version and torch_version != rctx.attr.torch_version:
+        fail("@%s: %s installs torch %s, but build_defs/torch_versions.bzl says %s" % (
+            rctx.name,
+            rctx.attr.lock,
+            info["torch"]["version"],
+            rctx.attr.torch_version,
+        ))
 
     rctx.symlink(py["include"], "include")
     rctx.file("defs.bzl", starlark_constants({
@@ -87,6 +95,7 @@ python_env = repository_rule(
     doc = "A venv from a lock file, with a py_toolchain and the Python headers.",
     attrs = {
         "lock": attr.label(mandatory = True, allow_single_file = True, doc = "requirements_lock.txt"),
+        "torch_version": attr.string(doc = "The torch version the lock must install (checked)."),
         "_build_template": attr.label(default = Label("//third_party/python:python_env.BUILD.tpl")),
     },
     environ = ["PYTHON_BIN_PATH"],

@@ -31,7 +31,7 @@ _SKIPPED_MODULES = (
     "torch_tpu.compile",
     "torch_tpu.metrics",
     "torch_tpu.debug",
-    "torch_tpu.device_module",
+    "torch_tpu.device",
     "jax",
     "jaxlib",
 )

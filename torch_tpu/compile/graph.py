@@ -33,7 +33,7 @@ from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import graph_ops
-from torch_tpu.ops import dispatcher, host, registry
+from torch_tpu.ops import dispatcher, host, precision, registry
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
 from torch_tpu.runtime import client
@@ -262,6 +262,7 @@ class Segment:
         if device is None:
             device = _C._current_device()
         sig.append(device)
+        sig.append(("matmul_precision", precision.cache_key()))
         signature = tuple(sig)
         exe = self.executables.get(signature)
         if exe is None:

@@ -8,7 +8,7 @@
   NamedSharding and XLA (GSPMD) propagates shardings through every op.
 - `tensor_parallel`: Megatron-style column/row-parallel sharding of nn.Linear
   layers over a mesh axis, and data-parallel replication of a module.
-- The c10d backend "tpu" (registered on import) for multi-process launchers
+- The c10d backend "tpu" (registered by `import torch_tpu`) for multi-process launchers
   (torchrun), DDP, DeviceMesh and DTensor.
 """
 
@@ -19,8 +19,6 @@ from torch_tpu.distributed.mesh import Mesh, topology_aware_mesh
 from torch_tpu.distributed.multihost import initialize, is_initialized, process_count, process_index
 from torch_tpu.distributed.sharding import mark_sharding, sharding_of, sharding_spec
 from torch_tpu.distributed.tensor_parallel import column_parallel, replicate, row_parallel, shard_batch
-
-c10d.register()
 
 __all__ = [
     "Mesh",

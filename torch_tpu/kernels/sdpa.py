@@ -101,7 +101,15 @@ def _overrideable_backward(
     return dq, dk, dv, None
 
 
-_lib = torch.library.Library("aten", "IMPL")
-_lib.impl("_fused_sdp_choice", _fused_sdp_choice, "PrivateUse1")
-_lib.impl("_scaled_dot_product_fused_attention_overrideable", _overrideable_forward, "PrivateUse1")
-_lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", _overrideable_backward, "PrivateUse1")
+_lib: torch.library.Library | None = None
+
+
+def register() -> None:
+    """Routes tpu SDPA to the kernels above (once; called by torch_tpu/_register.py)."""
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("aten", "IMPL")
+    _lib.impl("_fused_sdp_choice", _fused_sdp_choice, "PrivateUse1")
+    _lib.impl("_scaled_dot_product_fused_attention_overrideable", _overrideable_forward, "PrivateUse1")
+    _lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", _overrideable_backward, "PrivateUse1")

@@ -21,6 +21,8 @@ _LOWERING_MODULES = (
     "nn",
     "random",
     "optim",
+    "amp",
+    "polygamma",
 )
 
 _libraries: list[torch.library.Library] = []

@@ -22,8 +22,10 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import _C, debug, memory, metrics
+from torch_tpu import _C, debug, metrics
+from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
+from torch_tpu.ops import precision
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import client
@@ -489,7 +491,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         if spmd is not None:
             spmd.place_inputs(call.inputs, bound)
         aliases = _storage_aliases(plan, bound) if plan.mutable else None
-        key = (op, sig, torch.get_default_dtype(), aliases)  # factories and wrapped floats depend on dtype
+        # factories and wrapped floats depend on the default dtype, matmuls on the matmul precision
+        key = (op, sig, torch.get_default_dtype(), aliases, precision.cache_key())
         entry = _cache.get(key)
         compile_start = None
         if entry is None:

@@ -147,6 +147,12 @@ def require(name: str, dtype: np.dtype, *, bool_ok=True, int_ok=True, float_ok=T
         raise NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
 
 
+# The error CPU raises for bool operands of sub and relu: NotImplementedError from torch 2.14 on.
+_BOOL_UNSUPPORTED = (
+    NotImplementedError if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14) else RuntimeError
+)
+
+
 def _any_bool(*operands) -> bool:
     return any(
         isinstance(x, bool) or (not isinstance(x, _PYTHON_SCALARS) and x is not None and x.dtype == np.bool_)
@@ -164,20 +170,20 @@ def add(self, other, alpha=1):
         return a | (b & bool(alpha))
     ct = opmath(dtype)
     a, b = cast(a, ct), cast(b, ct)
-    return a + (b if alpha == 1 else b * cast(alpha, ct))
+    return a + (b if alpha == 1 else b * cast(cast(alpha, dtype), ct))  # CPU rounds alpha to dtype
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
     if _any_bool(self, other):
-        raise RuntimeError(
+        raise _BOOL_UNSUPPORTED(
             "Subtraction, the `-` operator, with a bool tensor is not supported. "
             "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
         )
     dtype, (a, b) = promote(self, other)
     ct = opmath(dtype)
     a, b = cast(a, ct), cast(b, ct)
-    return a - (b if alpha == 1 else b * cast(alpha, ct))
+    return a - (b if alpha == 1 else b * cast(cast(alpha, dtype), ct))
 
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
@@ -191,7 +197,13 @@ def mul(self, other):
     if dtype == np.bool_:
         return a & b
     ct = opmath(dtype)
+    if ct != dtype and _is_single_value(other):
+        b = other  # CPU multiplies by a one-element `other` in opmath, unrounded (a Python float too)
     return cast(a, ct) * cast(b, ct)
+
+
+def _is_single_value(x) -> bool:
+    return isinstance(x, _PYTHON_SCALARS) or x.size == 1
 
 
 def _check_inplace(self, result: np.dtype) -> None:
@@ -745,7 +757,7 @@ def irshift(self, other):
 @lower(aten.relu.default)
 def relu(self):
     if self.dtype == np.bool_:
-        raise RuntimeError("Boolean inputs not supported for relu")
+        raise _BOOL_UNSUPPORTED("Boolean inputs not supported for relu")
     return jnp.maximum(self, jnp.zeros((), self.dtype))
 
 

@@ -11,6 +11,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops import precision
 from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.registry import aten, lower
 
@@ -32,16 +33,21 @@ def _is_low_float(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
 
 
-def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """jnp.matmul at full precision; half floats accumulate in float32, as on CPU."""
+def matmul(a: jax.Array, b: jax.Array, rounded: bool = True) -> jax.Array:
+    """jnp.matmul; half floats accumulate in float32, as on CPU (rounded=False: the float32
+    sums), and float32 takes torch.get_float32_matmul_precision() (ops/precision.py)."""
     if _is_low_float(a.dtype) and a.dtype == b.dtype:
-        return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32).astype(a.dtype)
-    return jnp.matmul(a, b, precision=_HIGHEST)
+        product = jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32)
+        return product.astype(a.dtype) if rounded else product
+    return jnp.matmul(a, b, precision=precision.matmul(a, b))
 
 
 def _scaled_sum(self, product, beta, alpha):
     """beta * self + alpha * product; beta == 0 ignores self (even nan/inf), as in torch.
-    Integer results take the scalars truncated to integers, as CPU does."""
+    Integer results take the scalars truncated to integers, as CPU does. Half floats (a float32
+    `product` of half inputs) are scaled and summed in float32 and rounded once, as CPU's gemm."""
+    if _is_low_float(self.dtype) and product.dtype == jnp.float32:
+        return _scaled_sum(self.astype(jnp.float32), product, beta, alpha).astype(self.dtype)
     if not jnp.issubdtype(product.dtype, jnp.inexact):
         alpha, beta = int(alpha), int(beta)
     if alpha != 1:
@@ -65,17 +71,23 @@ def bmm(self, mat2):
 
 @lower(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    return _scaled_sum(self, matmul(mat1, mat2), beta, alpha)
+    return _scaled_sum(self, matmul(mat1, mat2, rounded=False), beta, alpha)
 
 
 @lower(aten.baddbmm.default)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    return _scaled_sum(self, matmul(batch1, batch2), beta, alpha)
+    return _scaled_sum(self, matmul(batch1, batch2, rounded=False), beta, alpha)
 
 
 @lower(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=_HIGHEST)
+    if _is_low_float(batch1.dtype) and batch1.dtype == batch2.dtype and batch1.shape[0] > 0:
+        # CPU adds the batches one addmm at a time, rounding to the half float after each.
+        out = jnp.broadcast_to(self, (batch1.shape[1], batch2.shape[2]))
+        for b in range(batch1.shape[0]):
+            out = _scaled_sum(out, matmul(batch1[b], batch2[b], rounded=False), beta if b == 0 else 1, alpha)
+        return out
+    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=precision.matmul(batch1, batch2))
     return _scaled_sum(self, product, beta, alpha)
 
 
@@ -96,7 +108,7 @@ def mv(self, vec):
 
 @lower(aten.addmv.default)
 def addmv(self, mat, vec, *, beta=1, alpha=1):
-    return _scaled_sum(self, matmul(mat, vec), beta, alpha)
+    return _scaled_sum(self, matmul(mat, vec, rounded=False), beta, alpha)
 
 
 @lower(aten.trace.default)
@@ -381,6 +393,9 @@ def linalg_cross(self, other, *, dim=-1):
     return jnp.cross(jnp.broadcast_to(self, shape), jnp.broadcast_to(other, shape), axis=dim)
 
 
-@lower(aten.cholesky.default)
 def cholesky(self, upper=False):
     return linalg_cholesky_ex(self, upper=upper)[0]
+
+
+if hasattr(aten, "cholesky"):  # torch 2.14 removed aten::cholesky (and torch.cholesky)
+    lower(aten.cholesky.default)(cholesky)

@@ -16,6 +16,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops import precision
 from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
 from torch_tpu.ops.registry import aten, lower
 
@@ -402,7 +403,7 @@ def foreach_clone(self, *, memory_format=None):
 
 @lower(aten._foreach_mm.default)
 def foreach_mm(self, mat2):
-    return _map(lambda a, b: jnp.matmul(a, b, precision=lax.Precision.HIGHEST), self, mat2)
+    return _map(lambda a, b: jnp.matmul(a, b, precision=precision.matmul(a, b)), self, mat2)
 
 
 # ---- reductions -------------------------------------------------------------

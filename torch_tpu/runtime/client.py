@@ -18,6 +18,11 @@ def _configure_jax() -> None:
     count = os.environ.get("TORCH_TPU_NUM_CPU_DEVICES")
     if count:
         jax.config.update("jax_num_cpu_devices", int(count))
+    excess = os.environ.get("TORCH_TPU_ALLOW_EXCESS_PRECISION", "").strip().lower()
+    if excess:  # XLA's flag, read when the client is created: "0" rounds half floats as CPU does
+        value = "false" if excess in ("0", "false", "no", "off") else "true"
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_allow_excess_precision={value}".strip()
 
 
 def _probe(name: str) -> list[jax.Device]:

@@ -38,6 +38,11 @@ GRAD_SAMPLES = 2
 ERROR_SAMPLES = 12
 OP_TIMEOUT_S = 300.0  # a hang guard, not a speed limit: loaded CI machines are slow
 
+# The low-precision sweep: bfloat16 and float16 samples against CPU's, at bf16 tolerance.
+LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
+LOW_PRECISION_SAMPLES = 2
+LOW_PRECISION_TOL = 2e-2
+
 # PyTorch's test_compare_cpu (accelerator vs CPU) tolerance.
 BASE_TOL = 1e-3
 
@@ -153,10 +158,10 @@ def _clone_cpu(sample):
 # ---- comparing ------------------------------------------------------------------
 
 
-def _tolerance(op, dtype: torch.dtype) -> dict:
+def _tolerance(op, dtype: torch.dtype, base: float = BASE_TOL) -> dict:
     """Tolerance for the floating results of samples of `dtype` (other results compare exactly)."""
     dtype = dtype if dtype.is_floating_point else torch.float32
-    atol = rtol = BASE_TOL
+    atol = rtol = base
     for info in op.decorators:
         if getattr(info, "test_name", "?") not in (None, "test_compare_cpu"):
             continue
@@ -239,8 +244,8 @@ def _limited(samples, n: int) -> Iterator:
         yield s
 
 
-def _run_forward(op, dtype: torch.dtype, n: int, values: bool) -> None:
-    tol = _tolerance(op, dtype)
+def _run_forward(op, dtype: torch.dtype, n: int, values: bool, tol: dict | None = None) -> None:
+    tol = tol or _tolerance(op, dtype)
     for sample in _limited(op.sample_inputs("cpu", dtype), n):
         t_input, t_args, t_kwargs = _tpu_sample(sample)
         c_input, c_args, c_kwargs = _clone_cpu(sample)
@@ -396,6 +401,47 @@ def check_op(
             if aspect not in result.results:
                 result.results[aspect] = "fail"
                 result.reasons[aspect] = "timeout"
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old_handler)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def low_precision_dtypes(op) -> list[torch.dtype]:
+    supported = op.supported_dtypes("cpu")
+    return [d for d in LOW_PRECISION_DTYPES if d in supported]
+
+
+def check_op_low_precision(
+    op, dtype: torch.dtype, samples: int = LOW_PRECISION_SAMPLES, timeout_s: float = OP_TIMEOUT_S
+) -> OpResult:
+    """The forward and native aspects for `dtype` (bfloat16, float16) samples: values against
+    CPU's in the same dtype at LOW_PRECISION_TOL (or the op's larger override)."""
+    result = OpResult(entry_name(op))
+    start = time.perf_counter()
+    values = not _NONDETERMINISTIC.match(op.name)
+    tol = _tolerance(op, dtype, base=LOW_PRECISION_TOL)
+    use_alarm = timeout_s > 0 and hasattr(signal, "setitimer")
+    old_handler = signal.signal(signal.SIGALRM, _on_alarm) if use_alarm else None
+    if use_alarm:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            before = _fallbacks()
+            if _attempt(result, "forward", lambda: _run_forward(op, dtype, samples, values, tol)):
+                used = _new_fallbacks(before)
+                result.fallback_ops |= used
+                result.results["native"] = "fail" if used else "pass"
+                if used:
+                    result.reasons["native"] = "CPU fallback: " + ", ".join(sorted(used))
+    except _Timeout:
+        for aspect in ("forward", "native"):
+            result.results.setdefault(aspect, "fail")
+            result.reasons.setdefault(aspect, "timeout")
     finally:
         if use_alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)

@@ -6,6 +6,12 @@ peak and limit) when it starts and, from a daemon thread, whenever those numbers
 file renamed over the old one) and the file is removed at exit. Files of dead processes are
 ignored (and removed) by readers. The directory is TORCH_TPU_STATS_DIR, else
 $XDG_RUNTIME_DIR/torch_tpu, else /tmp/torch_tpu-<uid>. TORCH_TPU_STATS=0 turns publishing off.
+
+A directory owned by another user, or writable by others, is refused with a warning (neither
+written nor read): anyone could plant or swap files there. Readers trust nothing in the files:
+only regular files are opened (no FIFOs, devices or symlinks), at most 1 MiB of each is read,
+and records are checked field by field (`parse_record`), with control characters in strings
+replaced, so a hostile file is skipped or shown harmlessly.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ import atexit
 import json
 import os
 import pathlib
+import re
+import stat
 import sys
 import tempfile
 import threading
 import time
+import warnings
 
 _lock = threading.Lock()
 _state: dict = {"thread": None, "stop": None, "path": None, "last": None}
@@ -31,6 +40,137 @@ def stats_dir() -> pathlib.Path:
     if runtime and os.access(runtime, os.W_OK):
         return pathlib.Path(runtime) / "torch_tpu"
     return pathlib.Path(tempfile.gettempdir()) / f"torch_tpu-{os.getuid()}"
+
+
+_MAX_FILE_BYTES = 1 << 20
+_MAX_DEVICES = 4096
+_MAX_PID = (1 << 31) - 1
+_MAX_BYTES = (1 << 63) - 1
+# C0 and C1 control characters (terminal escapes start with ESC or CSI) and the bidirectional
+# overrides, which reorder what a terminal shows.
+_UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_refused: set[str] = set()
+
+
+def dir_problem(directory: pathlib.Path) -> str | None:
+    """Why `directory` must not hold stats files (another user's, or writable by others), or
+    None when it is fine or does not exist yet."""
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"it cannot be inspected ({e.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid != os.getuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        return f"it is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _usable_dir(directory: pathlib.Path) -> bool:
+    problem = dir_problem(directory)
+    if problem is None:
+        return True
+    if str(directory) not in _refused:
+        _refused.add(str(directory))
+        warnings.warn(
+            f"torch_tpu: not using stats directory {directory}: {problem}. Set TORCH_TPU_STATS_DIR "
+            "to a directory of your own (mode 700), or TORCH_TPU_STATS=0.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return False
+
+
+def safe_text(value: object, limit: int = 200) -> str | None:
+    """`value` if it is a string, with control characters replaced and cut to `limit`."""
+    if not isinstance(value, str):
+        return None
+    return _UNSAFE_TEXT.sub("?", value[:limit])
+
+
+def _count(value: object, maximum: int = _MAX_BYTES) -> int | None:
+    # bool is an int subclass; JSON true is not a byte count.
+    if type(value) is int and 0 <= value <= maximum:
+        return value
+    return None
+
+
+def _parse_device(d: object) -> dict | None:
+    if not isinstance(d, dict):
+        return None
+    device = {
+        "index": _count(d.get("index"), _MAX_DEVICES),
+        "kind": safe_text(d.get("kind"), 60),
+        "platform": safe_text(d.get("platform"), 20),
+        "memory_in_use_bytes": _count(d.get("memory_in_use_bytes")),
+        "memory_peak_bytes": _count(d.get("memory_peak_bytes")),
+    }
+    if any(v is None for v in device.values()):
+        return None
+    device["memory_limit_bytes"] = _count(d.get("memory_limit_bytes"))
+    runtime = d.get("runtime")
+    device["runtime"] = {}
+    if isinstance(runtime, dict):
+        for key, value in list(runtime.items())[:64]:
+            if isinstance(key, str) and _count(value) is not None:
+                device["runtime"][safe_text(key, 60)] = value
+    return device
+
+
+def parse_record(data: object) -> dict | None:
+    """A stats file's JSON, checked: the record with only well-typed fields, or None."""
+    if not isinstance(data, dict):
+        return None
+    pid = _count(data.get("pid"), _MAX_PID)
+    if not pid:
+        return None
+    argv = data.get("argv")
+    devices = data.get("devices")
+    updated = data.get("updated")
+    return {
+        "pid": pid,
+        "start_time": _count(data.get("start_time")),
+        "argv": [t for t in (safe_text(a) for a in argv[:16]) if t is not None] if isinstance(argv, list) else [],
+        "platform": safe_text(data.get("platform"), 20),
+        "devices": [d for d in (_parse_device(x) for x in devices[:_MAX_DEVICES]) if d is not None]
+        if isinstance(devices, list)
+        else [],
+        "updated": updated if type(updated) in (int, float) and updated == updated else None,
+    }
+
+
+def _read_small_regular_file(path: pathlib.Path) -> bytes | None:
+    """The bytes of `path` if it is a regular file (not a link, FIFO or device) of at most 1 MiB."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE_BYTES:
+            return None
+        data = os.read(fd, _MAX_FILE_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= _MAX_FILE_BYTES else None
+
+
+def read_record(path: pathlib.Path) -> dict | None:
+    """The checked record in stats file `path`, or None (unreadable, malformed, hostile)."""
+    data = _read_small_regular_file(path)
+    if data is None:
+        return None
+    try:
+        return parse_record(json.loads(data.decode("utf-8")))
+    except (ValueError, RecursionError):
+        return None
 
 
 def process_start_time(pid: int) -> int | None:
@@ -58,7 +198,8 @@ def is_alive(pid: int, start_time: int | None) -> bool:
 
 def snapshot() -> dict:
     """This process's stats, as written to its file."""
-    from torch_tpu import _C, memory
+    from torch_tpu import _C
+    from torch_tpu.device import memory
     from torch_tpu.runtime import client
 
     devices = []
@@ -87,6 +228,8 @@ def snapshot() -> dict:
 
 def _write(path: pathlib.Path, record: dict) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not _usable_dir(path.parent):
+        raise PermissionError(f"refusing stats directory {path.parent}")
     tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
@@ -155,20 +298,21 @@ def _after_fork_in_child() -> None:
 def read_all(directory: pathlib.Path | None = None, skip_pid: int | None = None) -> list[dict]:
     """The records of live processes in `directory`; files of dead ones are removed."""
     directory = stats_dir() if directory is None else pathlib.Path(directory)
+    if not _usable_dir(directory):
+        return []
     records = []
     try:
         paths = sorted(directory.glob("*.json"))
     except OSError:
         return []
     for path in paths:
-        try:
-            record = json.loads(path.read_text())
-            pid = int(record["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+        record = read_record(path)
+        if record is None:
             continue  # being replaced, or not ours
+        pid = record["pid"]
         if pid == skip_pid:
             continue
-        if not is_alive(pid, record.get("start_time")):
+        if not is_alive(pid, record["start_time"]):
             try:
                 path.unlink()
             except OSError:

@@ -5,6 +5,9 @@ over the torch_tpu processes it can see, capacity), one of processes, and the pe
 compile cache's directory and size. Other processes are seen through their stats files
 (torch_tpu.tools.stats_file). `--json` prints the same as JSON; `--watch [SECONDS]` refreshes
 (with --json: one JSON object per line).
+
+Arguments are parsed before the backend starts, so `tpu-info --help` answers at once; the stats
+files of other processes are read through stats_file.read_all, which trusts nothing in them.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pathlib
 import sys
 import time
 
-from torch_tpu.memory import format_bytes
+from torch_tpu._units import format_bytes
 from torch_tpu.tools import stats_file
 
 
@@ -54,7 +57,7 @@ def collect(include_self: bool = True, stats_dir: pathlib.Path | None = None) ->
             "platform": d["platform"],
             "memory_in_use_bytes": 0,
             "memory_peak_bytes": 0,
-            "memory_total_bytes": torch_tpu.memory.total_memory(d["index"]),
+            "memory_total_bytes": torch_tpu.device.memory.total_memory(d["index"]),
             "runtime": d["runtime"],
             "pids": [],
         }
@@ -147,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
     args = parser.parse_args(argv)
-    stats_file.stop()  # tpu-info itself holds no tpu memory; keep it out of others' views
+    # tpu-info itself holds no tpu memory; keep it out of others' views.
+    os.environ["TORCH_TPU_STATS"] = "0"
+    import torch_tpu
+
+    torch_tpu._load()  # deferred for the tpu-info command (torch_tpu/__init__.py)
+    stats_file.stop()
     clear = sys.stdout.isatty() and not args.json
     shown = 0
     try:

@@ -1,0 +1,171 @@
+"""Device memory: byte limits, the PJRT client's own stats, and out-of-memory errors.
+
+The C++ buffer registry counts the bytes of every live tpu storage and refuses an
+allocation past a device's limit with torch.OutOfMemoryError. A limit comes from
+torch.tpu.set_per_process_memory_fraction() or from TORCH_TPU_MEMORY_LIMIT (bytes, or with
+a K/M/G/T suffix, for every device). XLA's own RESOURCE_EXHAUSTED errors become
+torch.OutOfMemoryError too (raise_if_out_of_memory). Buffers are freed when their last tensor
+dies (no caching allocator), so "reserved" equals "allocated".
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import torch
+
+from torch_tpu import _C
+from torch_tpu._units import format_bytes, parse_bytes
+from torch_tpu.device.devices import DeviceLike, _memory_index
+from torch_tpu.runtime import client
+
+
+def runtime_stats(index: int) -> dict[str, int]:
+    """The PJRT client's stats for device `index` (bytes_in_use, bytes_limit, ...); {} where
+    the client has none (the CPU client)."""
+    try:
+        return dict(client.jax_device(index).memory_stats() or {})
+    except Exception:
+        return {}
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def host_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def total_memory(index: int) -> int:
+    """The device's capacity: the client's bytes_limit, or host memory on the CPU client."""
+    return int(runtime_stats(index).get("bytes_limit") or host_memory_bytes())
+
+
+def limit(index: int) -> int | None:
+    """The byte limit enforced for tpu storages on device `index`, or None."""
+    value = _C._memory_limit(index)
+    return None if value < 0 else value
+
+
+def set_limit(index: int, nbytes: int | None) -> None:
+    _C._set_memory_limit(index, -1 if nbytes is None else int(nbytes))
+
+
+def apply_env_limit() -> None:
+    """Applies TORCH_TPU_MEMORY_LIMIT to every device (run once at import)."""
+    text = os.environ.get("TORCH_TPU_MEMORY_LIMIT", "").strip()
+    if text:
+        nbytes = parse_bytes(text)
+        for index in range(_C._device_count()):
+            set_limit(index, nbytes)
+
+
+def raise_if_out_of_memory(error: Exception, device: int, what: str = "") -> None:
+    """Raises torch.OutOfMemoryError (from `error`) if `error` is XLA's RESOURCE_EXHAUSTED."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return
+    allocated = _C._memory_stats(device)["allocated_bytes.all.current"]
+    cap = limit(device)
+    capacity = runtime_stats(device).get("bytes_limit")
+    message = (
+        f"tpu:{device} out of memory{' running ' + what if what else ''}. XLA: {text.strip()} "
+        f"{format_bytes(allocated)} ({allocated} bytes) already allocated by tpu tensors"
+    )
+    if cap is not None:
+        message += f"; limit {format_bytes(cap)} ({cap} bytes)"
+    if capacity:
+        message += f"; device capacity {format_bytes(capacity)} ({capacity} bytes)"
+    raise torch.OutOfMemoryError(message) from error
+
+
+# ---- torch.tpu's memory functions ----------------------------------------------
+# Bytes of live tpu storages, counted by the C++ buffer registry. Buffers are freed when their
+# last tensor dies (no caching allocator), so "reserved" equals "allocated".
+
+
+def memory_stats(device: DeviceLike = None) -> collections.OrderedDict[str, int]:
+    """torch.cuda-style keys ("allocated_bytes.all.current", ...), plus the PJRT client's own
+    stats as "device.<name>" where it has them (TPU and GPU clients; not the CPU client)."""
+    index = _memory_index(device)
+    stats = dict(_C._memory_stats(index))
+    for kind in ("reserved_bytes", "active_bytes"):
+        for field in ("current", "peak", "allocated", "freed"):
+            stats[f"{kind}.all.{field}"] = stats[f"allocated_bytes.all.{field}"]
+    stats["allocation.all.current"] = stats["active.all.current"]
+    stats["num_alloc_retries"] = 0
+    cap = limit(index)
+    stats["limit_bytes"] = -1 if cap is None else cap
+    for key, value in runtime_stats(index).items():
+        stats[f"device.{key}"] = value
+    return collections.OrderedDict(sorted(stats.items()))
+
+
+def memory_allocated(device: DeviceLike = None) -> int:
+    return _C._memory_stats(_memory_index(device))["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device: DeviceLike = None) -> int:
+    return _C._memory_stats(_memory_index(device))["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device: DeviceLike = None) -> int:
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device: DeviceLike = None) -> int:
+    return max_memory_allocated(device)
+
+
+def reset_peak_memory_stats(device: DeviceLike = None) -> None:
+    _C._reset_peak_memory_stats(_memory_index(device))
+
+
+def reset_max_memory_allocated(device: DeviceLike = None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def empty_cache() -> None:
+    """Buffers are freed when their tensors die; nothing is cached."""
+
+
+def mem_get_info(device: DeviceLike = None) -> tuple[int, int]:
+    """(free, total) bytes: from the client's stats where it has them; on the CPU client the
+    total is the limit if one is set, else host memory."""
+    index = _memory_index(device)
+    runtime = runtime_stats(index)
+    if runtime.get("bytes_limit"):
+        total = int(runtime["bytes_limit"])
+        return max(total - int(runtime.get("bytes_in_use", 0)), 0), total
+    cap = limit(index)
+    if cap is not None:
+        return max(cap - memory_allocated(index), 0), cap
+    total = host_memory_bytes()
+    free = host_available_bytes()
+    return min(free, total), total
+
+
+def set_per_process_memory_fraction(fraction: float, device: DeviceLike = None) -> None:
+    """Caps tpu storages on the device at fraction * total_memory; past it, allocations raise
+    torch.OutOfMemoryError."""
+    index = _memory_index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    set_limit(index, int(fraction * total_memory(index)))
+
+
+def get_per_process_memory_fraction(device: DeviceLike = None) -> float:
+    index = _memory_index(device)
+    cap = limit(index)
+    return 1.0 if cap is None else cap / total_memory(index)

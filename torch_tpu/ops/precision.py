@@ -1,0 +1,39 @@
+"""torch.set_float32_matmul_precision as XLA's per-op precision config.
+
+"highest" (torch's default) is Precision.HIGHEST: float32 products as on CPU. "high" is
+Precision.HIGH (bfloat16_3x passes on TPU, TF32 on GPU) and "medium" is Precision.DEFAULT
+(one bfloat16 pass on TPU). Only float32 matrix products follow it, as in torch; other dtypes
+and convolutions stay HIGHEST. The setting is read when an op or graph is traced, so it is part
+of the op cache key and of the graph signature (cache_key()). TORCH_TPU_MATMUL_PRECISION
+sets the default at import (apply_env()).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+_LEVELS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
+
+
+def cache_key() -> str:
+    return torch.get_float32_matmul_precision()
+
+
+def matmul(*operands) -> lax.Precision:
+    """The precision of a matrix product of `operands`: the torch setting if all are float32."""
+    if operands and all(jnp.dtype(x.dtype) == jnp.float32 for x in operands):
+        return _LEVELS[torch.get_float32_matmul_precision()]
+    return lax.Precision.HIGHEST
+
+
+def apply_env() -> None:
+    """TORCH_TPU_MATMUL_PRECISION=highest|high|medium: torch.set_float32_matmul_precision at import."""
+    value = os.environ.get("TORCH_TPU_MATMUL_PRECISION", "").strip().lower()
+    if value:
+        if value not in _LEVELS:
+            raise ValueError(f"TORCH_TPU_MATMUL_PRECISION={value!r} is not one of {', '.join(_LEVELS)}")
+        torch.set_float32_matmul_precision(value)
