@@ -101,14 +101,11 @@ def initialize(
         heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
     client.reset()
+    from torch_tpu import _register
+
+    _C._set_devices(_register._device_list())
     devices = client.devices()
     global_arrays.serialize_programs = None  # decided again over the joint client
-    _C._set_devices(
-        [
-            (i, getattr(d, "device_kind", d.platform), client.platform(), list(getattr(d, "coords", []) or []))
-            for i, d in enumerate(devices)
-        ]
-    )
     debug.log(
         "distributed",
         f"process {process_id} of {num_processes}: {len(devices)} local, {len(client.global_devices())} global devices",
