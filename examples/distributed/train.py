@@ -1,6 +1,11 @@
-"""Trains the tiny Llama with data x tensor parallelism over all tpu devices, in one process.
+"""Trains the tiny Llama with data x tensor parallelism over all tpu devices, in one process or many.
 
     TORCH_TPU_NUM_CPU_DEVICES=8 python examples/distributed/train.py --data 2 --model 4
+    TORCH_TPU_NUM_CPU_DEVICES=4 torchrun --nproc-per-node 2 examples/distributed/train.py --data 2 --model 4
+
+Under torchrun (or any launcher that sets WORLD_SIZE > 1), each process joins the others with
+torch_tpu.distributed.initialize(), and the mesh spans every process's devices (2 x 4 above):
+one SPMD program runs across the processes, each driving its own devices.
 
 Parameters are sharded Megatron-style over the "model" axis and replicated over "data"; each
 batch is split over "data". XLA's SPMD partitioner inserts the collectives. With --check, the
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import pathlib
 import sys
 
@@ -61,10 +67,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--check", action="store_true", help="also train on one device and compare")
     args = parser.parse_args()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        td.initialize()  # before any tpu tensor: the client is recreated over all processes' devices
     torch.manual_seed(0)
     model = Llama(LlamaConfig())
     mesh = td.Mesh((args.data, args.model), ("data", "model"))
-    print(f"{mesh} on {torch_tpu.platform()}")
+    print(f"process {td.process_index()} of {td.process_count()}: {mesh} on {torch_tpu.platform()}")
     losses = train(copy.deepcopy(model) if args.check else model, args.steps, args.batch, mesh)
     for step, loss in enumerate(losses):
         print(f"step {step}: loss {loss:.5f}")

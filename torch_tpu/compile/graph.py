@@ -38,6 +38,7 @@ from torch_tpu.ops import dispatcher, host, precision, registry
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
 from torch_tpu.runtime import client
+from torch_tpu.runtime.global_arrays import before_program
 
 _warned: set[str] = set()
 _plans: dict[OpOverload, dispatcher._OpPlan] = {}
@@ -564,6 +565,7 @@ class GraphRunner:
             ).astype(np.uint32)
         for step in self.steps:
             if isinstance(step, Segment):
+                before_program()
                 outs = step.run([env[n] for n in step.inputs], rng_data)
                 env.update(zip(step.outputs, outs))
             else:

@@ -1,4 +1,7 @@
-"""torch_tpu.distributed: SPMD over a device mesh in one process, and the c10d backend "tpu".
+"""torch_tpu.distributed: SPMD over a device mesh, and the c10d backend "tpu".
+
+- `initialize()`: joins the processes (jax.distributed) so that a Mesh spans every
+  process's devices and sharded computations run as one SPMD program across them.
 
 - `Mesh(shape, axis_names, devices=None)` and `mark_sharding(tensor, mesh, spec)`:
   one process drives all devices; a tensor's buffer is a jax array with a
@@ -11,8 +14,9 @@
 
 from __future__ import annotations
 
-from torch_tpu.distributed import c10d
-from torch_tpu.distributed.mesh import Mesh
+from torch_tpu.distributed import c10d, multihost
+from torch_tpu.distributed.mesh import Mesh, topology_aware_mesh
+from torch_tpu.distributed.multihost import initialize, is_initialized, process_count, process_index
 from torch_tpu.distributed.sharding import mark_sharding, sharding_of, sharding_spec
 from torch_tpu.distributed.tensor_parallel import column_parallel, replicate, row_parallel, shard_batch
 
@@ -20,10 +24,16 @@ __all__ = [
     "Mesh",
     "c10d",
     "column_parallel",
+    "initialize",
+    "is_initialized",
     "mark_sharding",
+    "multihost",
+    "process_count",
+    "process_index",
     "replicate",
     "row_parallel",
     "shard_batch",
     "sharding_of",
     "sharding_spec",
+    "topology_aware_mesh",
 ]

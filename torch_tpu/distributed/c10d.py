@@ -30,7 +30,8 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 
-from torch_tpu import debug
+from torch_tpu import debug, metrics
+from torch_tpu.distributed import multihost
 
 BACKEND_NAME = "tpu"
 
@@ -129,10 +130,59 @@ class HostTransport:
         for o, h in zip(outputs, host_out[0] if host_out else []):
             _back(o, h)
 
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> _PendingWork:
+        host = [_host(t).contiguous() for t in tensors]
+        return _PendingWork(self.gloo.send(host, dst, tag), tensors=tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int | None, tag: int) -> _PendingWork:
+        host = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        work = self.gloo.recv(host, src, tag) if src is not None else self.gloo.recv_anysource(host, tag)
+
+        def finish() -> None:
+            for t, h in zip(tensors, host):
+                _back(t, h)
+
+        return _PendingWork(work, finish, tensors)
+
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, out_splits, in_splits) -> None:
         host = torch.empty(output.shape, dtype=output.dtype)
         self.gloo.alltoall_base(host, _host(input), list(out_splits), list(in_splits), AllToAllOptions()).wait()
         _back(output, host)
+
+
+class _PendingWork(dist._Work):
+    """A gloo point-to-point transfer in flight; wait() finishes it and, for a receive, copies the
+    received host tensors to their tpu destinations."""
+
+    def __init__(self, work, finish=None, tensors=()):
+        super().__init__()
+        self._work = work
+        self._finish = finish
+        self._tensors = list(tensors)
+        self._done = False
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if not self._done:
+            self._work.wait() if timeout is None else self._work.wait(timeout)
+            if self._finish is not None:
+                self._finish()
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done or self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        self.wait()
+        future.set_result(self._tensors)
+        return future
 
 
 class TpuProcessGroup(dist.ProcessGroup):
@@ -142,6 +192,11 @@ class TpuProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
         self.transport = HostTransport(store, rank, size, timeout)
+        self.device = None
+        if multihost.is_initialized():
+            from torch_tpu.distributed.device_collectives import DeviceCollectives
+
+            self.device = DeviceCollectives(self.transport.gloo, rank, size)
         # c10d keeps a group's name on its backends: gloo serves as the CPU one (CPU tensors).
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self.transport.gloo)
         debug.log("c10d", f"tpu process group: rank {rank} of {size}")
@@ -151,43 +206,72 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     # ---- collectives ----------------------------------------------------------
 
+    def _device_mesh(self, tensors: list[torch.Tensor], op=None):
+        """The ranks' device mesh where this collective runs as an XLA collective, else None
+        (then the host transport runs it); counted either way."""
+        mesh = None
+        if self.device is not None and self.device.supports(tensors, op):
+            mesh = self.device.mesh_for(tensors)
+        metrics.bump("c10d_device_collectives" if mesh is not None else "c10d_host_collectives")
+        return mesh
+
     def allreduce(self, tensors, opts=None):
-        self.transport.allreduce(list(tensors), _reduce_op(opts))
-        return _DoneWork(list(tensors))
+        tensors = list(tensors)
+        op = _reduce_op(opts)
+        mesh = self._device_mesh(tensors, op)
+        if mesh is not None:
+            self.device.run("allreduce", mesh, tensors, op)
+        else:
+            self.transport.allreduce(tensors, op)
+        return _DoneWork(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        self.transport.allreduce(list(tensors), _reduce_op(opts))
-        return _DoneWork(list(tensors))
+        return self.allreduce(tensors, opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        self.transport.allgather(output_tensors, list(input_tensors))
+        inputs = list(input_tensors)
+        mesh = self._device_mesh(inputs + [o for outs in output_tensors for o in outs])
+        if mesh is not None:
+            self.device.run("allgather", mesh, output_tensors, inputs)
+        else:
+            self.transport.allgather(output_tensors, inputs)
         return _DoneWork(output_tensors)
 
     def _allgather_base(self, output, input, opts=None):
-        self.transport.allgather([list(output.chunk(self.size()))], [input])
+        self.allgather([list(output.chunk(self.size()))], [input])
         return _DoneWork([output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        self.transport.allgather([list(o.chunk(self.size())) for o in outputs], list(inputs))
+        self.allgather([list(o.chunk(self.size())) for o in outputs], list(inputs))
         return _DoneWork(list(outputs))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        self.transport.reduce_scatter(list(output_tensors), input_tensors, _reduce_op(opts))
-        return _DoneWork(list(output_tensors))
+        outputs = list(output_tensors)
+        op = _reduce_op(opts)
+        mesh = self._device_mesh(outputs + [c for chunks in input_tensors for c in chunks], op)
+        if mesh is not None:
+            self.device.run("reduce_scatter", mesh, outputs, input_tensors, op)
+        else:
+            self.transport.reduce_scatter(outputs, input_tensors, op)
+        return _DoneWork(outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        self.transport.reduce_scatter([output], [list(input.chunk(self.size()))], _reduce_op(opts))
+        self.reduce_scatter([output], [list(input.chunk(self.size()))], opts)
         return _DoneWork([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        chunks = [list(i.chunk(self.size())) for i in inputs]
-        self.transport.reduce_scatter(list(outputs), chunks, _reduce_op(opts))
+        self.reduce_scatter(list(outputs), [list(i.chunk(self.size())) for i in inputs], opts)
         return _DoneWork(list(outputs))
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        self.transport.broadcast(list(tensors), root)
-        return _DoneWork(list(tensors))
+        tensors = list(tensors)
+        mesh = self._device_mesh(tensors)
+        if mesh is not None:
+            self.device.run("broadcast", mesh, tensors, root)
+        else:
+            self.transport.broadcast(tensors, root)
+        return _DoneWork(tensors)
 
     def barrier(self, opts=None):
         self.transport.barrier()
@@ -204,8 +288,27 @@ class TpuProcessGroup(dist.ProcessGroup):
         return _DoneWork(list(output_tensors))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        self.transport.all_to_all(output, input, output_split_sizes, input_split_sizes)
+        even = not output_split_sizes and not input_split_sizes and input.shape[0] % self.size() == 0
+        mesh = self._device_mesh([output, input]) if even else self._device_mesh([])
+        if mesh is not None:
+            self.device.run("all_to_all", mesh, output, input)
+        else:
+            self.transport.all_to_all(output, input, output_split_sizes, input_split_sizes)
         return _DoneWork([output])
+
+    # ---- point to point (host-staged over gloo) -----------------------------------------
+
+    def send(self, tensors, dstRank, tag=0):
+        return self.transport.send(list(tensors), dstRank, tag)
+
+    def recv(self, tensors, srcRank, tag=0):
+        return self.transport.recv(list(tensors), srcRank, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self.transport.recv(list(tensors), None, tag)
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        return self.transport.gloo.monitored_barrier(timeout, wait_all_ranks)
 
     # The newer names of the same collectives.
     all_gather_single = _allgather_base
@@ -246,3 +349,14 @@ def local_device() -> torch.device:
         raise RuntimeError(f"LOCAL_RANK={local_rank} but this process sees {count} tpu devices")
     torch.tpu.set_device(index)
     return torch.device("tpu", index)
+
+
+def monitored_barrier(group=None, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+    """torch.distributed.monitored_barrier for a "tpu" group (torch's own accepts only gloo
+    groups): a barrier over the group's gloo transport that names the ranks that did not
+    arrive within `timeout` (all of them with `wait_all_ranks`), raising RuntimeError."""
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(group, TpuProcessGroup):
+        dist.monitored_barrier(group, timeout, wait_all_ranks)
+        return
+    group.monitored_barrier(timeout if timeout is not None else timedelta(minutes=30), wait_all_ranks)

@@ -1,6 +1,7 @@
 """mark_sharding: a tpu tensor's buffer becomes a jax array laid out over a Mesh.
 
-Single-process SPMD, as in torch_xla: the tensor stays one tensor of its global
+SPMD, as in torch_xla (one process, or every process after torch_tpu.distributed.initialize(),
+each placing the shards on its own devices): the tensor stays one tensor of its global
 shape; its storage's buffer is an N-D jax array with a NamedSharding. Every op
 on it runs one jitted computation over the mesh's devices, and XLA's sharding
 propagation (GSPMD) picks the outputs' shardings and inserts the collectives
@@ -18,6 +19,7 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
 from torch_tpu import _C, debug
+from torch_tpu.distributed import multihost
 from torch_tpu.distributed.mesh import Mesh
 from torch_tpu.ops import dispatcher
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
@@ -68,7 +70,7 @@ def mark_sharding(tensor: torch.Tensor, mesh: Mesh, spec: Sequence[SpecEntry]) -
     if tensor.storage_offset() != 0 or not tensor.is_contiguous() or not whole:
         raise ValueError("mark_sharding needs a contiguous tensor that is its whole storage (not a view); clone() it")
     value = dispatcher.to_jax(tensor)
-    array = jax.device_put(value, NamedSharding(mesh.jax_mesh, PartitionSpec(*spec)))
+    array = multihost.place(value, NamedSharding(mesh.jax_mesh, PartitionSpec(*spec)))
     _C._set_buffer(tensor, array, tensor.dtype, tensor.numel())
     dispatcher.spmd = _hooks
     if debug.enabled():
@@ -111,6 +113,7 @@ def _tpu_tensors(bound: list, out: list) -> None:
 def _place_inputs(inputs: list, bound: list) -> None:
     """A call mixing sharded and single-device buffers (a factory's output, a fresh host copy)
     runs over the mesh: the single-device buffers are replicated onto it, for good."""
+    multihost.before_program()
     mesh_sharding = None
     single = []
     for i, a in enumerate(inputs):
@@ -133,7 +136,7 @@ def _place_inputs(inputs: list, bound: list) -> None:
     _tpu_tensors(bound, tensors)
     for i in single:
         a = inputs[i]
-        placed = jax.device_put(a, replicated)
+        placed = multihost.place(a, replicated)
         inputs[i] = placed
         t = tensors[i] if i < len(tensors) else None
         if t is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import numpy as np
 import torch
 
 from torch_tpu import metrics
@@ -11,6 +10,7 @@ from torch_tpu.ops.dispatcher import to_jax, write_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import client
+from torch_tpu.runtime.global_arrays import host_value
 
 # numpy cannot hold these torch dtypes; they travel as same-width integers.
 _BIT_CARRIERS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
@@ -29,7 +29,7 @@ def cpu_to_jax(t: torch.Tensor, device: int) -> jax.Array:
 
 def jax_to_cpu(array: jax.Array) -> torch.Tensor:
     metrics.bump("host_transfers")
-    host = np.asarray(array)
+    host = host_value(array)
     torch_dtype = to_torch_dtype(host.dtype)
     carrier = _BIT_CARRIERS.get(torch_dtype)
     if carrier:
@@ -72,7 +72,7 @@ def copy_from_and_resize(self, dst):
 @lower(aten._local_scalar_dense.default, eager=True)
 def local_scalar_dense(self):
     metrics.bump("host_transfers")
-    return np.asarray(to_jax(self)).item()
+    return host_value(to_jax(self)).item()
 
 
 __all__ = ["cpu_to_jax", "jax_to_cpu"]

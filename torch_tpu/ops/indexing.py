@@ -28,6 +28,7 @@ from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
 from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
 from torch_tpu.ops.registry import Lowering, aten, inplace_variant, lower, out_variant
+from torch_tpu.runtime.global_arrays import host_value
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool, torch.uint8)
 
@@ -42,7 +43,7 @@ def _minmax(arrays):
 
 def _host(array) -> np.ndarray:
     metrics.bump("host_transfers")
-    return np.asarray(array)
+    return host_value(array)
 
 
 def index_bounds(index: torch.Tensor) -> tuple[int, int]:

@@ -27,7 +27,7 @@ def _configure_jax() -> None:
 
 def _probe(name: str) -> list[jax.Device]:
     try:
-        return list(jax.devices(name))
+        return list(jax.local_devices(backend=name))  # this process's own; all of them in one process
     except RuntimeError:
         return []
 
@@ -65,6 +65,17 @@ def platform() -> str:
 def devices() -> tuple[jax.Device, ...]:
     """The jax devices behind tpu:0, tpu:1, ..."""
     return _selected()[1]
+
+
+def global_devices() -> tuple[jax.Device, ...]:
+    """Every process's devices of the selected platform (after jax.distributed.initialize;
+    the same as devices() in one process), ordered by device id."""
+    return tuple(sorted(jax.devices(platform()), key=lambda d: d.id))
+
+
+def reset() -> None:
+    """Forgets the selected client (torch_tpu.distributed.initialize recreates it multi-process)."""
+    _selected.cache_clear()
 
 
 def jax_device(index: int) -> jax.Device:
