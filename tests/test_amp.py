@@ -183,9 +183,9 @@ def test_compiled_graph_is_autocast(monkeypatch):
     graphs = []
     init = graph.GraphRunner.__init__
 
-    def capture(self, gm, name):
+    def capture(self, gm, *args, **kwargs):
         graphs.append(gm)
-        init(self, gm, name)
+        init(self, gm, *args, **kwargs)
 
     monkeypatch.setattr(graph.GraphRunner, "__init__", capture)
     torch._dynamo.reset()
