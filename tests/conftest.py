@@ -24,6 +24,15 @@ def no_fallbacks():
     assert not fallbacks, f"ops fell back to CPU: {fallbacks}"
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """dynamo's caches and torch_tpu's counters cleared before the test, dynamo's again after."""
+    torch._dynamo.reset()
+    torch_tpu.metrics.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -11,13 +11,8 @@ from torch.nn import functional as F
 
 import torch_tpu
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch_tpu.metrics.reset()
-    yield
-    torch._dynamo.reset()
+# Each test starts with dynamo's caches and the counters cleared (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _counters():

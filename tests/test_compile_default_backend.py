@@ -23,12 +23,8 @@ def _mingpt():
     return module
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch_tpu.metrics.reset()
-    yield
-    torch._dynamo.reset()
+# Each test starts with dynamo's caches and the counters cleared (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _compare_on_tpu(model: nn.Module, *inputs, atol=1e-5):

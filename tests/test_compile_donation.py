@@ -13,13 +13,8 @@ import torch_tpu
 from torch_tpu import _C
 from torch_tpu.ops import dispatcher
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch_tpu.metrics.reset()
-    yield
-    torch._dynamo.reset()
+# Each test starts with dynamo's caches and the counters cleared (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _model():

@@ -12,13 +12,8 @@ from torch import nn
 import torch_tpu
 from torch_tpu.compile import options as compile_options
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch_tpu.metrics.reset()
-    yield
-    torch._dynamo.reset()
+# Each test starts with dynamo's caches and the counters cleared (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 ALL = {
