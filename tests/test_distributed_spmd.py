@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import pathlib
 import sys
 
@@ -217,3 +218,18 @@ def test_compiled_training_step_on_sharded_tensors_matches_one_device(no_fallbac
     assert td.sharding_spec(sharded[2].weight) == (None, "model")
     for p, q in zip(sharded.parameters(), reference.parameters()):
         torch.testing.assert_close(p.cpu(), q.cpu(), rtol=0, atol=1e-5)
+
+
+def test_cpu_collectives_wait_long_for_a_late_device():
+    """Virtual CPU devices are threads; on a loaded machine XLA's short rendezvous timeout would
+    abort the process, so the client is created with a long one (a user's own value is kept)."""
+    from torch_tpu.runtime import client
+
+    assert "--xla_cpu_collective_call_terminate_timeout_seconds=1800" in os.environ["XLA_FLAGS"]
+    saved = os.environ["XLA_FLAGS"]
+    try:
+        os.environ["XLA_FLAGS"] = "--xla_cpu_collective_call_terminate_timeout_seconds=7"
+        client._add_xla_flag("xla_cpu_collective_call_terminate_timeout_seconds", "1800", keep_user_value=True)
+        assert os.environ["XLA_FLAGS"] == "--xla_cpu_collective_call_terminate_timeout_seconds=7"
+    finally:
+        os.environ["XLA_FLAGS"] = saved

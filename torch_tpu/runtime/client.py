@@ -20,9 +20,19 @@ def _configure_jax() -> None:
         jax.config.update("jax_num_cpu_devices", int(count))
     excess = os.environ.get("TORCH_TPU_ALLOW_EXCESS_PRECISION", "").strip().lower()
     if excess:  # XLA's flag, read when the client is created: "0" rounds half floats as CPU does
-        value = "false" if excess in ("0", "false", "no", "off") else "true"
-        flags = os.environ.get("XLA_FLAGS", "")
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_allow_excess_precision={value}".strip()
+        _add_xla_flag("xla_allow_excess_precision", "false" if excess in ("0", "false", "no", "off") else "true")
+    # The CPU client's virtual devices are threads: on a loaded machine one can reach a collective
+    # long after the others, and XLA's short default timeout then aborts the whole process.
+    _add_xla_flag("xla_cpu_collective_call_warn_stuck_timeout_seconds", "120", keep_user_value=True)
+    _add_xla_flag("xla_cpu_collective_call_terminate_timeout_seconds", "1800", keep_user_value=True)
+
+
+def _add_xla_flag(name: str, value: str, keep_user_value: bool = False) -> None:
+    """Appends --name=value to XLA_FLAGS (read when the client is created)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if keep_user_value and f"--{name}=" in flags:
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} --{name}={value}".strip()
 
 
 def _probe(name: str) -> list[jax.Device]:
