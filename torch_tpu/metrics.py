@@ -10,6 +10,8 @@ _COUNTER_KEYS = (
     "graph_compiles",
     "graph_cache_hits",
     "persistent_cache_hits",
+    "traces",
+    "xla_compiles",
     "executions",
     "host_transfers",
     "cpu_fallbacks",

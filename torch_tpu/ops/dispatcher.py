@@ -28,10 +28,9 @@ from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import precision
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.registry import Lowering
-from torch_tpu.runtime import client
-from torch_tpu.runtime.executable_cache import ExecutableCache
+from torch_tpu.runtime import client, executable_cache
 
-_cache = ExecutableCache()
+_cache = executable_cache.ExecutableCache()
 
 # Set by torch_tpu.distributed once a tensor is sharded (torch_tpu/distributed/sharding.py):
 # place_inputs(inputs, bound) moves a call's single-device inputs onto the mesh of its sharded
@@ -91,7 +90,9 @@ def buffer_of(t: torch.Tensor) -> jax.Array:
 @functools.cache
 def _zeros_fn(n: int, dtype: np.dtype, device: int) -> Callable:
     sharding = jax.sharding.SingleDeviceSharding(client.jax_device(device))
-    return jax.jit(lambda: jnp.zeros(n, dtype), out_shardings=sharding)
+    return executable_cache.jit(
+        lambda: jnp.zeros(n, dtype), name="zeros", key=(n, np.dtype(dtype).name, device), out_shardings=sharding
+    )
 
 
 def _zeros(n: int, dtype: np.dtype, device: int) -> jax.Array:
@@ -312,7 +313,7 @@ def _storage_aliases(plan: _OpPlan, bound: list) -> tuple[int, ...] | None:
     return tuple(groups) if any(g != i for i, g in enumerate(groups)) else None
 
 
-def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=None) -> _Entry:
+def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=None, persist=None) -> _Entry:
     counter = [0]
     template = [_template(v, call, counter) for v in bound]
     meta_args = [_meta_device(_substitute(v, _meta_tensor)) for v in template]
@@ -387,6 +388,31 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
         entry.run = jax.jit(run, out_shardings=sharding)
     else:
         entry.run = jax.jit(run)
+    if persist is not None:  # compiled at the first call, then kept on disk with what the trace set
+        entry.run = executable_cache.FirstCall(entry.run, persist, lambda: _entry_state(entry), entry, "run")
+    return entry
+
+
+def _entry_state(entry: _Entry) -> tuple:
+    """What a persisted entry needs besides its executable (meta tensors as (shape, dtype))."""
+    fresh = jax.tree_util.tree_map(
+        lambda m: (tuple(m.shape), m.dtype), entry.fresh_meta, is_leaf=lambda m: isinstance(m, torch.Tensor)
+    )
+    return fresh, entry.mutable_shapes, entry.mutable_specs, entry.out_tree
+
+
+def _load_entry(persist: str | None) -> _Entry | None:
+    found = executable_cache.load(persist)
+    if found is None:
+        return None
+    compiled, (fresh, mutable_shapes, mutable_specs, out_tree) = found
+    fresh_meta = jax.tree_util.tree_map(
+        lambda s: torch.empty(s[0], dtype=s[1], device="meta"),
+        fresh,
+        is_leaf=lambda s: isinstance(s, tuple) and len(s) == 2 and isinstance(s[1], torch.dtype),
+    )
+    entry = _Entry(compiled, fresh_meta, mutable_shapes)
+    entry.mutable_specs, entry.out_tree = mutable_specs, out_tree
     return entry
 
 
@@ -480,6 +506,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     if lowering.eager:
         return lowering.fn
     check = lowering.check
+    name = f"{op} {lowering.fn.__module__}.{lowering.fn.__qualname__}"  # the persistent key's op part
 
     def kernel(*args, **kwargs):
         if check is not None:
@@ -491,22 +518,27 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         if spmd is not None:
             spmd.place_inputs(call.inputs, bound)
         aliases = _storage_aliases(plan, bound) if plan.mutable else None
+        device = call.device if call.device is not None else _factory_device(bound)
         # factories and wrapped floats depend on the default dtype, matmuls on the matmul precision
-        key = (op, sig, torch.get_default_dtype(), aliases, precision.cache_key())
+        key = (op, sig, torch.get_default_dtype(), aliases, precision.cache_key(), device, spmd is None)
         entry = _cache.get(key)
         compile_start = None
         if entry is None:
             compile_start = time.perf_counter()
-            entry = _build(plan, lowering, call, bound, aliases)
+            persist = None if spmd is not None else executable_cache.key_text("op", (name, *key[1:]))
+            entry = _load_entry(persist)
+            loaded = entry is not None
+            if not loaded:
+                entry = _build(plan, lowering, call, bound, aliases, persist)
             if plan.out_names and _resize_out_args(plan, bound, entry):
                 return kernel(*args, **kwargs)
             _cache.put(key, entry)
-            metrics.bump("op_compiles")
-            if debug.enabled():
-                debug.log("compile", f"{op} for {_describe(sig)}")
+            if not loaded:
+                metrics.bump("op_compiles")
+                if debug.enabled():
+                    debug.log("compile", f"{op} for {_describe(sig)}")
         else:
             metrics.bump("op_cache_hits")
-        device = call.device if call.device is not None else _factory_device(bound)
         rng = None
         if lowering.random:
             rng = _key_from_data_jit(_generator_key(plan, call, device))
@@ -536,7 +568,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     return kernel
 
 
-_key_from_data_jit = jax.jit(_key_from_data)
+_key_from_data_jit = executable_cache.jit(_key_from_data)
 
 
 def _resize_out_args(plan: _OpPlan, bound: list, entry: _Entry) -> bool:
@@ -583,7 +615,7 @@ _read_jit_cache: dict = {}
 
 @functools.cache
 def _reshaper(shape: tuple[int, ...]) -> Callable:
-    return jax.jit(lambda a: a.reshape(shape))
+    return executable_cache.jit(lambda a: a.reshape(shape), name="reshape", key=shape)
 
 
 def reshape(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -601,7 +633,7 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         return reshape(buf, g.sizes)
     fn = _read_jit_cache.get(g)
     if fn is None:
-        fn = _read_jit_cache[g] = jax.jit(lambda b, g=g: geo.read(b, g))
+        fn = _read_jit_cache[g] = executable_cache.jit(lambda b, g=g: geo.read(b, g), name="read", key=g)
     metrics.bump("executions")
     return fn(buf)
 
@@ -622,7 +654,9 @@ def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     key = ("write", g, value.shape, value.dtype)
     fn = _read_jit_cache.get(key)
     if fn is None:
-        fn = _read_jit_cache[key] = jax.jit(lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes)))
+        fn = _read_jit_cache[key] = executable_cache.jit(
+            lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes)), name="write", key=g
+        )
     metrics.bump("executions")
     new = fn(buf, value)
     if spmd is not None:

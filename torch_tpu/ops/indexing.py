@@ -28,6 +28,7 @@ from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
 from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
 from torch_tpu.ops.registry import Lowering, aten, inplace_variant, lower, out_variant
+from torch_tpu.runtime import executable_cache
 from torch_tpu.runtime.global_arrays import host_value
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool, torch.uint8)
@@ -36,7 +37,7 @@ _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool, torch.uint8)
 # ---- host-side checks -------------------------------------------------------------
 
 
-@jax.jit
+@executable_cache.jit
 def _minmax(arrays):
     return jnp.stack([jnp.stack([jnp.min(a).astype(jnp.int64), jnp.max(a).astype(jnp.int64)]) for a in arrays])
 
@@ -439,7 +440,7 @@ def put(x, index, source, accumulate=False):
 # ---- nonzero and masks ---------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("shape",))
+@functools.partial(executable_cache.jit, static_argnames=("shape",))
 def _count(x, shape=None):
     if shape is not None:
         x = jnp.broadcast_to(x, shape)
@@ -452,7 +453,7 @@ def _count_true(x, shape: tuple[int, ...] | None = None) -> int:
     return int(_host(_count(x, shape)))
 
 
-@functools.partial(jax.jit, static_argnames=("size",))
+@functools.partial(executable_cache.jit, static_argnames=("size",))
 def _nonzero(x, size):
     if x.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
@@ -491,7 +492,7 @@ def _same_device(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("shape", "size"))
+@functools.partial(executable_cache.jit, static_argnames=("shape", "size"))
 def _masked_select(x, mask, shape, size):
     flat = jnp.broadcast_to(x, shape).reshape(-1)
     keep = jnp.broadcast_to(mask, shape).reshape(-1)
@@ -625,7 +626,7 @@ def _index_put(x, indices, values, accumulate=False, unsafe=False):
 _index_put_kernel = dispatcher.make_kernel(aten._index_put_impl_.default, Lowering(_index_put), False)
 
 
-@functools.partial(jax.jit, static_argnames=("lead", "accumulate"))
+@functools.partial(executable_cache.jit, static_argnames=("lead", "accumulate"))
 def _mask_put(x, mask, value, lead, accumulate):
     m = mask.reshape((1,) * lead + mask.shape + (1,) * (x.ndim - lead - mask.ndim)) != 0
     value = value.reshape(()).astype(x.dtype)
@@ -720,7 +721,7 @@ def _as_rows(x, dim):
     return moved.reshape(moved.shape[0], -1)
 
 
-@functools.partial(jax.jit, static_argnames=("dim", "consecutive"))
+@functools.partial(executable_cache.jit, static_argnames=("dim", "consecutive"))
 def _runs(x, dim, consecutive):
     rows = _as_rows(x, dim)
     n = rows.shape[0]
@@ -736,7 +737,7 @@ def _runs(x, dim, consecutive):
     return s, perm, starts
 
 
-@functools.partial(jax.jit, static_argnames=("count", "dim", "shape"))
+@functools.partial(executable_cache.jit, static_argnames=("count", "dim", "shape"))
 def _gather_runs(s, perm, starts, count, dim, shape):
     """(unique values, inverse, counts); `shape` is the input's."""
     group = jnp.cumsum(starts) - 1

@@ -14,6 +14,7 @@ from torch_tpu import metrics
 from torch_tpu.ops import precision
 from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import executable_cache
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -153,7 +154,7 @@ def _det_parts(A, log):
     return jnp.prod(diag, axis=-1) * sign, lu, pivots
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+@functools.partial(executable_cache.jit, static_argnums=(1, 2))
 @_full_precision
 def _det_jit(A, log, transpose):
     # det(A^T) = det(A): CPU factors A^T when A is contiguous and real, and the

@@ -16,6 +16,7 @@ from jax import lax
 from torch_tpu import metrics
 from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import executable_cache
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -545,7 +546,7 @@ def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, to
     return jax.nn.one_hot(safe, self.shape[-1], dtype=scale.dtype) * scale[..., None]
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+@functools.partial(executable_cache.jit, static_argnums=(1, 2))
 def _first_bad_target(target, classes: int, ignore_index: int):
     bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
     flat = bad.reshape(-1)
@@ -689,7 +690,7 @@ def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN)
     return _reduce(loss if self.ndim > 1 else loss[0], reduction)
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+@functools.partial(executable_cache.jit, static_argnums=(4, 5, 6))
 def _multi_margin_grad(grad_output, self, target, weight, p, margin, reduction):
     def f(x):
         return multi_margin_loss(x, target, p, margin, weight, reduction)
@@ -719,7 +720,7 @@ def _multilabel_margin(x, target):
     return jnp.sum(hinge, axis=(1, 2)) / C, is_target
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(executable_cache.jit, static_argnums=2)
 def _multilabel_margin_forward(self, target, reduction):
     x, t = (self.reshape(1, -1), target.reshape(1, -1)) if self.ndim <= 1 else (self, target)
     loss, is_target = _multilabel_margin(_up(x), t)
@@ -741,7 +742,7 @@ def _meta_like(t):
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(executable_cache.jit, static_argnums=2)
 def _multilabel_margin_grad(grad_output, self, reduction, target):
     def f(x):
         return _multilabel_margin_forward(x, target, reduction)[0]
@@ -817,7 +818,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_in
     return nll, alpha
 
 
-@functools.partial(jax.jit, static_argnums=(5, 6, 7))
+@functools.partial(executable_cache.jit, static_argnums=(5, 6, 7))
 def _ctc_grad(grad, log_probs, targets, neg_log_likelihood, log_alpha, lengths, blank, zero_infinity):
     input_lengths, target_lengths = lengths
     ext, in_range, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)

@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -19,6 +20,7 @@ from torch_tpu import metrics
 from torch_tpu.ops import precision
 from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import executable_cache
 
 
 def _opmath(x):
@@ -247,13 +249,13 @@ _PER_SCALAR = {
 }
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(executable_cache.jit, static_argnums=0)
 def _per_scalar_step(name, lists, scalars):
     fn = _PER_SCALAR[name]
     return [fn(*xs, scalars[i].astype(_opmath(xs[0]).dtype)) for i, xs in enumerate(zip(*lists))]
 
 
-def _scalar_array(scalars, tensors) -> jax.Array:
+def _scalar_array(scalars, tensors) -> np.ndarray:
     if isinstance(scalars, torch.Tensor):
         values = scalars.detach().cpu().reshape(-1).tolist()
     else:
@@ -265,7 +267,7 @@ def _scalar_array(scalars, tensors) -> jax.Array:
     floating = any(isinstance(v, float) for v in values) or any(t.is_floating_point() for t in tensors)
     wide = any(t.dtype == torch.float64 for t in tensors)
     dtype = (jnp.float64 if wide else jnp.float32) if floating else jnp.int64
-    return jnp.asarray(values, dtype)
+    return np.asarray(values, dtype)  # numpy: an eager jnp conversion would trace and compile
 
 
 def _run_per_scalar(name, self, others, scalars):
@@ -503,7 +505,7 @@ def _write_lists(lists, values):
             write_jax(t, v)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(executable_cache.jit, static_argnums=0)
 def _fused_sgd_step(static, lists, lr, grad_scale, found_inf):
     weight_decay, momentum, dampening, nesterov, maximize, is_first_step = static
     return _fused_sgd(
@@ -601,7 +603,7 @@ def _fused_adam(
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(executable_cache.jit, static_argnums=(0, 1))
 def _fused_adam_step(decoupled, static, lists, lr, grad_scale, found_inf):
     return _fused_adam(decoupled, *lists, lr, *static, grad_scale, found_inf)
 

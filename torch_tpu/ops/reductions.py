@@ -23,6 +23,7 @@ from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype
 from torch_tpu.ops.indexing import index_bounds, sort_along, type_name
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import executable_cache
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
@@ -502,7 +503,7 @@ def mode(x, dim=-1, keepdim=False):
 # ---- bincount (data-dependent length) --------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("length",))
+@functools.partial(executable_cache.jit, static_argnames=("length",))
 def _bincount(x, weights, length):
     if weights is None:
         return jnp.zeros((length,), jnp.int64).at[x].add(1)

@@ -19,6 +19,7 @@ from torch_tpu import metrics
 from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import executable_cache
 
 
 def _promoted(arrays) -> jnp.dtype:
@@ -74,7 +75,7 @@ def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
 
 
-@functools.partial(jax.jit, static_argnames=("size",))
+@functools.partial(executable_cache.jit, static_argnames=("size",))
 def _repeat_indices(repeats, size):
     return jnp.repeat(jnp.arange(repeats.shape[0], dtype=jnp.int64), repeats, total_repeat_length=size)
 

@@ -1,12 +1,46 @@
-"""The in-memory op executable cache, keyed by op, dtypes, shapes, geometry
-and static arguments."""
+"""Executables keyed by torch_tpu's own signatures, in memory and in the persistent cache.
+
+jax's persistent cache is keyed by a hash of the lowered module, so a warm
+process still traces and lowers every function before it can load anything.
+Here the key is what torch_tpu knows before tracing: a name for the function,
+its static arguments and the shapes, dtypes and placements of its array
+arguments (for an eager op: the op, the input geometry and static args; for a
+graph: the FX graph's own text and the input signature), plus `fingerprint()`
+(platform, devices, XLA flags, torch/jax/torch_tpu versions and torch_tpu's
+source). A hit deserializes the executable (jax.experimental.serialize_executable)
+with the caller's metadata: nothing is traced, lowered or compiled.
+
+`jit` is a drop-in for `jax.jit` over positional and keyword arguments;
+`save` and `load` (and `FirstCall`) serve callers that keep their own
+in-memory tables: the eager dispatcher and compiled graphs.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
+import pickle
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import jax
+import numpy as np
+from jax._src.array import ArrayImpl
+from jax.experimental import serialize_executable
+
+from torch_tpu import debug, metrics
+from torch_tpu.runtime import client, persistent_cache
+
+_ArrayImpl = ArrayImpl  # a concrete array (not a tracer)
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+|<function |<lambda>")
 
 
 class ExecutableCache:
+    """The in-memory op executable table (the eager dispatcher's)."""
+
     def __init__(self) -> None:
         self._entries: dict[Any, Any] = {}
 
@@ -16,8 +50,230 @@ class ExecutableCache:
     def put(self, key: Any, entry: Any) -> None:
         self._entries[key] = entry
 
-    def __len__(self) -> int:
-        return len(self._entries)
 
-    def clear(self) -> None:
-        self._entries.clear()
+# ---- keys -----------------------------------------------------------------------
+
+
+@functools.cache
+def fingerprint() -> str:
+    """What every key holds besides the call itself: a change in any of these is a miss."""
+    import jaxlib
+    import torch
+
+    import torch_tpu
+
+    devices = client.devices()
+    parts = [
+        f"torch {torch.__version__}",
+        f"jax {jax.__version__} jaxlib {jaxlib.__version__}",
+        f"torch_tpu {torch_tpu.__version__} {_source_hash()}",
+        f"platform {client.platform()} {devices[0].client.platform_version}",
+        f"devices {len(devices)} {getattr(devices[0], 'device_kind', '')}",
+        f"XLA_FLAGS {os.environ.get('XLA_FLAGS', '')}",
+        f"LIBTPU_INIT_ARGS {os.environ.get('LIBTPU_INIT_ARGS', '')}",
+        f"x64 {jax.config.jax_enable_x64}",
+    ]
+    return "\n".join(parts)
+
+
+def _source_hash() -> str:
+    """A hash of torch_tpu's Python sources (relative paths and contents) and of its extension's size:
+    a changed lowering must not load an executable built from the old one."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".py") or name.startswith("_C"):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, root).encode())
+                try:
+                    if name.endswith(".py"):
+                        with open(path, "rb") as f:
+                            h.update(f.read())
+                    else:
+                        h.update(str(os.path.getsize(path)).encode())
+                except OSError:
+                    h.update(b"?")
+    return h.hexdigest()[:16]
+
+
+def stable_text(value: Any) -> str | None:
+    """`repr(value)` if it reads the same in every process (no addresses, no lambdas), else None."""
+    text = repr(value)
+    return None if _ADDRESS.search(text) else text
+
+
+def key_text(kind: str, parts: Any) -> str | None:
+    """The persistent key of a call, or None if part of it is not stable across processes."""
+    if persistent_cache.store() is None:
+        return None
+    body = stable_text(parts)
+    return None if body is None else f"{kind}\n{fingerprint()}\n{body}"
+
+
+def sharding_text(sharding) -> str | None:
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return f"device {next(iter(sharding.device_set)).id}"
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        mesh = sharding.mesh
+        return f"mesh {mesh.axis_names} {mesh.device_ids.tolist()} {sharding.spec} {sharding.memory_kind}"
+    return None
+
+
+# ---- compile and load -------------------------------------------------------------
+
+
+def _device_ids(compiled) -> list[int] | None:
+    try:
+        return [d.id for d in compiled._executable.xla_executable.local_devices()]
+    except Exception:  # an executable kind we do not know: not persisted
+        return None
+
+
+def save(key: str | None, compiled, meta: Any = None) -> None:
+    """Stores `compiled` and `meta` (picklable) under `key`; a failure only skips persistence."""
+    store = persistent_cache.store()
+    if key is None or store is None or jax.process_count() > 1:
+        return
+    ids = _device_ids(compiled)
+    if ids is None:
+        return
+    try:
+        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+        body = pickle.dumps((ids, payload, in_tree, out_tree, meta), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # not serializable: keep it in memory only
+        debug.log("cache", f"not persisted ({type(error).__name__}: {error})")
+        return
+    store.put(key, body)
+
+
+def load(key: str | None) -> tuple[Any, Any] | None:
+    """(compiled, meta) stored under `key`, or None. Traces, lowers and compiles nothing."""
+    store = persistent_cache.store()
+    if key is None or store is None:
+        return None
+    body = store.get(key)
+    if body is None:
+        return None
+    try:
+        ids, payload, in_tree, out_tree, meta = pickle.loads(body)
+        by_id = {d.id: d for d in client.devices()}
+        devices = [by_id[i] for i in ids]
+        compiled = serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices
+        )
+    except Exception as error:  # checked, yet not loadable here: compile again
+        kind = key.splitlines()[0]
+        persistent_cache._warn(f"entry for {kind} not loadable ({type(error).__name__}); compiling again")
+        return None
+    metrics.bump("persistent_cache_hits")
+    return compiled, meta
+
+
+class FirstCall:
+    """Stands in for an executable until its first call: lowers and compiles `jitted` for the
+    call's arguments, persists it with `meta()` (read after tracing), and puts the compiled
+    executable at `owner.<attr>`, so later calls skip this wrapper."""
+
+    __slots__ = ("attr", "jitted", "key", "meta", "owner")
+
+    def __init__(self, jitted, key: str | None, meta: Callable[[], Any], owner: Any, attr: str):
+        self.jitted = jitted
+        self.key = key
+        self.meta = meta
+        self.owner = owner
+        self.attr = attr
+
+    def __call__(self, *args):
+        compiled = self.jitted.lower(*args).compile()
+        setattr(self.owner, self.attr, compiled)
+        save(self.key, compiled, self.meta())
+        return compiled(*args)
+
+
+# ---- a persistent jax.jit ------------------------------------------------------------
+
+
+def _leaf_signature(x):
+    if type(x) is _ArrayImpl:
+        return (x.shape, x.dtype, x.weak_type, x.sharding)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return ("np", x.shape, x.dtype)
+    if isinstance(x, (bool, int, float, complex)):
+        return type(x)
+    raise TypeError(type(x))
+
+
+def _leaf_text(sig) -> str | None:
+    if isinstance(sig, tuple) and len(sig) == 4:
+        shape, dtype, weak, sharding = sig
+        place = sharding_text(sharding)
+        return None if place is None else f"{dtype}{list(shape)}{'w' if weak else ''} {place}"
+    return repr(sig)
+
+
+class Jit:
+    """`jax.jit(fn, ...)` whose executables are also kept in the persistent cache. The key is
+    `name`, `key`, the static arguments and each array argument's shape, dtype and placement."""
+
+    def __init__(
+        self,
+        fn: Callable,
+        name: str | None = None,
+        key: Any = (),
+        static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
+        **jit_kwargs,
+    ):
+        self.fn = fn
+        self.name = name or f"{fn.__module__}.{fn.__qualname__}"
+        self.key = key
+        self._static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        self._static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+        self._jitted = jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames, **jit_kwargs)
+        self._compiled: dict = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        statics = self._static_argnums
+        if statics:
+            dyn_args = tuple(a for i, a in enumerate(args) if i not in statics)
+            static = tuple(args[i] for i in statics if i < len(args))
+        else:
+            dyn_args, static = args, ()
+        if self._static_argnames and kwargs:
+            static = (*static, *((n, kwargs[n]) for n in self._static_argnames if n in kwargs))
+            dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
+        else:
+            dyn_kwargs = kwargs
+        leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        try:
+            sig = (static, tree, tuple(_leaf_signature(x) for x in leaves))
+            compiled = self._compiled.get(sig)
+        except TypeError:  # an argument kind we do not key on (or an unhashable static): plain jit
+            return self._jitted(*args, **kwargs)
+        if compiled is None:
+            compiled = self._compiled[sig] = self._compile(sig, args, kwargs)
+        return compiled(*dyn_args, **dyn_kwargs)
+
+    def _compile(self, sig, args, kwargs):
+        static, tree, leaf_sigs = sig
+        texts = [_leaf_text(s) for s in leaf_sigs]
+        key = None if None in texts else key_text("jit", (self.name, self.key, static, str(tree), texts))
+        found = load(key)
+        if found is not None:
+            return found[0]
+        compiled = self._jitted.lower(*args, **kwargs).compile()
+        save(key, compiled)
+        return compiled
+
+    def lower(self, *args, **kwargs):
+        return self._jitted.lower(*args, **kwargs)
+
+
+def jit(fn: Callable | None = None, **kwargs):
+    """`Jit(fn, **kwargs)`; usable as `@jit` or `@functools.partial(jit, static_argnums=...)`."""
+    if fn is None:
+        return functools.partial(jit, **kwargs)
+    return Jit(fn, **kwargs)
