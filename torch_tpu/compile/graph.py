@@ -37,7 +37,7 @@ from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import dispatcher, host, precision, registry
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
-from torch_tpu.runtime import client
+from torch_tpu.runtime import client, executable_cache
 from torch_tpu.runtime.global_arrays import before_program
 
 _warned: set[str] = set()
@@ -227,6 +227,7 @@ class Segment:
         self.has_random = any(lowered[n].random_index is not None for n in nodes)
         self.executables: dict[tuple, _Executable] = {}
         self._last_signature: tuple | None = None
+        self._text: str | None = None
         self.options = compile_options.DEFAULT  # set by GraphRunner
 
     # -- runtime --
@@ -318,21 +319,43 @@ class Segment:
         if debug.enabled() and self._last_signature is not None:
             debug.log("recompile", f"{self.name}: {_signature_change(self._last_signature, signature)}")
         start = time.perf_counter()
-        loaded_before = metrics.counters()["persistent_cache_hits"]
-        with opts.tracing():
-            lowered = jitted.lower(*dyn)
-        exe.compiled = compile_options.compile_lowered(lowered, opts)
-        compile_options.dump(opts, f"{self.name}.{len(self.executables)}", lowered, exe.compiled)
-        seconds = time.perf_counter() - start
-        metrics.record_compile("graph", seconds)
-        if metrics.counters()["persistent_cache_hits"] == loaded_before:
+        persist = None
+        if opts.dump_dir is None:  # a dump needs the lowering
+            persist = executable_cache.key_text("graph", (self.text(), signature, exe.donated, repr(opts)))
+        found = executable_cache.load(persist)
+        if found is not None:
+            exe.compiled, (exe.out_templates, exe.mutation_specs) = found
+            debug.log(
+                "compile", f"{self.name}: loaded from the persistent cache in {time.perf_counter() - start:.3f} s"
+            )
+        else:
+            with opts.tracing():
+                lowered = jitted.lower(*dyn)
+            exe.compiled = compile_options.compile_lowered(lowered, opts)
+            compile_options.dump(opts, f"{self.name}.{len(self.executables)}", lowered, exe.compiled)
+            executable_cache.save(persist, exe.compiled, (exe.out_templates, exe.mutation_specs))
+            seconds = time.perf_counter() - start
+            metrics.record_compile("graph", seconds)
             metrics.bump("graph_compiles")
             debug.log("compile", f"{self.name}: {len(self.nodes)} nodes in {seconds:.3f} s")
-        else:
-            debug.log("compile", f"{self.name}: loaded from the persistent cache in {seconds:.3f} s")
         self.executables[signature] = exe
         self._last_signature = signature
         return exe
+
+    def text(self) -> str:
+        """The segment's FX nodes as text (names, targets, arguments, fake values): with the input
+        signature, the graph half of its persistent key."""
+        if self._text is None:
+            lines = [f"in {n.name}: {_fake_text(_fake(n))}" for n in self.inputs]
+            for n in self.nodes:
+                how = self.lowered[n]
+                args = f"{n.args!r} {n.kwargs!r}"
+                lines.append(
+                    f"{n.name} = {_target_text(n.target)}{args}: {_fake_text(_fake(n))} {how.kind} {how.random_index}"
+                )
+            lines.append(f"out {[n.name for n in self.outputs]} mutates {[p.name for p, _ in self.mutations]}")
+            self._text = "\n".join(lines)
+        return self._text
 
     def _traceable(self, readers: list[_Input], exe: _Executable) -> Callable:
         def fn(*dyn):
@@ -385,6 +408,20 @@ class Segment:
             return jnp.broadcast_to(jnp.asarray(args[1]).astype(dst.dtype), dst.shape)
         result = _call_registry(lowered, args, kwargs, rng)
         return _conform(result, fake, node.target)
+
+
+def _target_text(target) -> str:
+    if isinstance(target, OpOverload):
+        return str(target)
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', target)}"
+
+
+def _fake_text(fake) -> str:
+    if isinstance(fake, torch.Tensor):
+        return f"{fake.dtype}{list(fake.shape)}{list(fake.stride())}{fake.device.type}"
+    if isinstance(fake, (list, tuple)):
+        return "[" + ", ".join(_fake_text(f) for f in fake) + "]"
+    return repr(fake)
 
 
 def _dense_order(fake, shape: tuple) -> tuple[int, ...] | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import pickle
 import re
@@ -229,9 +230,19 @@ class Jit:
         self.fn = fn
         self.name = name or f"{fn.__module__}.{fn.__qualname__}"
         self.key = key
-        self._static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-        self._static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
-        self._jitted = jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames, **jit_kwargs)
+        nums = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
+        names = {static_argnames} if isinstance(static_argnames, str) else set(static_argnames)
+        try:  # as jax.jit does: a static argument is static whether passed by position or by name
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            params = []
+        nums |= {params.index(n) for n in names if n in params}
+        names |= {params[i] for i in nums if i < len(params)}
+        self._static_argnums = tuple(sorted(nums))
+        self._static_argnames = tuple(sorted(names))
+        self._jitted = jax.jit(
+            fn, static_argnums=self._static_argnums, static_argnames=self._static_argnames, **jit_kwargs
+        )
         self._compiled: dict = {}
         functools.update_wrapper(self, fn)
 
