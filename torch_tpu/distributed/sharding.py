@@ -22,11 +22,9 @@ from torch_tpu import _C, debug
 from torch_tpu.distributed import multihost
 from torch_tpu.distributed.mesh import Mesh
 from torch_tpu.ops import dispatcher
-from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 
 SpecEntry = str | Sequence[str] | None
-
-_NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
 
 
 def _normalize_spec(tensor: torch.Tensor, mesh: Mesh, spec: Sequence[SpecEntry]) -> tuple:
@@ -140,7 +138,7 @@ def _place_inputs(inputs: list, bound: list) -> None:
         inputs[i] = placed
         t = tensors[i] if i < len(tensors) else None
         if t is not None:
-            _C._set_buffer(t.untyped_storage(), placed, _NUMPY_TO_TORCH[np.dtype(a.dtype)], a.size)
+            _C._set_buffer(t.untyped_storage(), placed, NUMPY_TO_TORCH[np.dtype(a.dtype)], a.size)
         if debug.enabled():
             debug.log("sharding", f"replicated a single-device {tuple(a.shape)} input onto the mesh")
 

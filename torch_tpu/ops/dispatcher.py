@@ -26,7 +26,7 @@ from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import precision
-from torch_tpu.ops.dtypes import TORCH_TO_NUMPY, to_numpy_dtype
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import client
 from torch_tpu.runtime.executable_cache import ExecutableCache
@@ -184,14 +184,11 @@ def _meta_tensor(slot):
         # only allow for same-device (here: meta) 0-dim tensors.
         return slot.tensor.to("meta") if isinstance(slot.tensor, torch.Tensor) else slot.tensor
     g = slot.geom
-    dtype = _NUMPY_TO_TORCH[g.dtype]
+    dtype = NUMPY_TO_TORCH[g.dtype]
     if g.offset == 0 and geo.is_contiguous(g.sizes, g.strides):
         return torch.empty_strided(g.sizes, g.strides, dtype=dtype, device="meta")
     base = torch.empty(geo.storage_elements(g), dtype=dtype, device="meta")
     return base.as_strided(g.sizes, g.strides, g.offset)
-
-
-_NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
 
 
 def _meta_device(x):
@@ -377,7 +374,7 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
             buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, jnp.broadcast_to(value, slot.geom.sizes))
             latest[group] = buf
             new_buffers.append(buf)
-        entry.mutable_specs = [None if b is None else (_NUMPY_TO_TORCH[np.dtype(b.dtype)], b.size) for b in new_buffers]
+        entry.mutable_specs = [None if b is None else (NUMPY_TO_TORCH[np.dtype(b.dtype)], b.size) for b in new_buffers]
         flat_out, entry.out_tree = jax.tree_util.tree_flatten((fresh_out, new_buffers))
         return flat_out
 
@@ -429,7 +426,7 @@ def _raise_cpu_error(plan: _OpPlan, lowering: Lowering, template: list, meta_err
     def stand_in(slot):
         if isinstance(slot, _ScalarSlot):
             return slot.tensor
-        return torch.ones(slot.geom.sizes, dtype=_NUMPY_TO_TORCH[slot.geom.dtype])
+        return torch.ones(slot.geom.sizes, dtype=NUMPY_TO_TORCH[slot.geom.dtype])
 
     def on_cpu(x):
         return torch.device("cpu") if isinstance(x, torch.device) and x.type == "tpu" else x
@@ -570,7 +567,7 @@ def _wrap_tree(value, meta, device: int):
 def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new tpu tensor holding `array` (used by eager lowerings)."""
     if dtype is None:
-        dtype = _NUMPY_TO_TORCH[np.dtype(array.dtype)]
+        dtype = NUMPY_TO_TORCH[np.dtype(array.dtype)]
     elif array.dtype != to_numpy_dtype(dtype):
         array = array.astype(to_numpy_dtype(dtype))
     sharded = spmd is not None and len(array.sharding.device_set) > 1

@@ -17,7 +17,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
+from torch_tpu.ops.dtypes import opmath, to_numpy_dtype, to_torch_dtype, type_name
 from torch_tpu.ops.registry import aten, lower
 
 # ---- type promotion ---------------------------------------------------------
@@ -111,13 +111,6 @@ def is_integral(dtype: np.dtype) -> bool:
     return not jnp.issubdtype(dtype, jnp.inexact)
 
 
-def opmath(dtype: np.dtype) -> np.dtype:
-    """The type CPU computes reduced-precision floats in."""
-    if jnp.issubdtype(dtype, jnp.floating) and np.dtype(dtype).itemsize < 4:
-        return np.dtype(np.float32)
-    return np.dtype(dtype)
-
-
 def float_dtype(dtype: np.dtype) -> np.dtype:
     """Integer and bool inputs of float functions compute in the default dtype."""
     return to_numpy_dtype(torch.get_default_dtype()) if is_integral(dtype) else np.dtype(dtype)
@@ -133,10 +126,6 @@ def _float_args(*operands):
     """Operands promoted, in opmath (floats only: the op rejects other dtypes)."""
     dtype = opmath(result_dtype(*operands))
     return [cast(x, dtype) for x in operands]
-
-
-def type_name(dtype: np.dtype) -> str:
-    return torch.empty(0, dtype=to_torch_dtype(dtype)).type()[len("torch.") : -len("Tensor")]
 
 
 def require(name: str, dtype: np.dtype, *, bool_ok=True, int_ok=True, float_ok=True) -> None:
@@ -915,12 +904,10 @@ __all__ = [
     "cast",
     "float_dtype",
     "is_integral",
-    "opmath",
     "promote",
     "require",
     "result_dtype",
     "to_float",
-    "type_name",
 ]
 
 

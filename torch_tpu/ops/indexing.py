@@ -27,6 +27,7 @@ from jax import lax
 from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
 from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
+from torch_tpu.ops.dtypes import type_name
 from torch_tpu.ops.registry import Lowering, aten, inplace_variant, lower, out_variant
 from torch_tpu.runtime.global_arrays import host_value
 
@@ -667,11 +668,6 @@ def _is_mask_put(self: torch.Tensor, indices, values: torch.Tensor) -> bool:
         return False
     result_dims = self.dim() - mask.dim() + 1
     return tuple(mask.shape) == tuple(self.shape[d : d + mask.dim()]) and values.dim() <= result_dims
-
-
-def type_name(dtype: torch.dtype) -> str:
-    """ATen's name of a dtype ("Float", "Long", ...), as its messages spell it."""
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
 @lower(aten._index_put_impl_.default, eager=True)

@@ -15,6 +15,7 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops.dispatcher import from_jax, to_jax
+from torch_tpu.ops.dtypes import opmath, to_opmath
 from torch_tpu.ops.registry import aten, lower
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -28,17 +29,6 @@ def _ntuple(value, n: int) -> tuple[int, ...]:
         value = tuple(int(v) for v in value)
         return value * n if len(value) == 1 else value
     return (int(value),) * n
-
-
-def _compute_dtype(dtype):
-    """Half floats compute in float32 (CPU's opmath type)."""
-    if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4:
-        return jnp.float32
-    return dtype
-
-
-def _up(x):
-    return None if x is None else x.astype(_compute_dtype(x.dtype))
 
 
 def _reduce(loss, reduction: int):
@@ -66,7 +56,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     spatial = "DHW"[3 - nd :]
     dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
     out_dtype = input.dtype
-    preferred = jnp.float32 if _compute_dtype(out_dtype) != out_dtype else None
+    preferred = jnp.float32 if opmath(out_dtype) != out_dtype else None
     if not transposed:
         out = lax.conv_general_dilated(
             input,
@@ -133,7 +123,7 @@ def convolution_backward(
     grad_bias = None
     if output_mask[2]:
         axes = (0, *tuple(range(2, grad_output.ndim)))
-        grad_bias = jnp.sum(_up(grad_output), axis=axes)
+        grad_bias = jnp.sum(to_opmath(grad_output), axis=axes)
     return (
         grad_input if output_mask[0] else None,
         grad_weight if output_mask[1] else None,
@@ -231,7 +221,7 @@ def _scatter_to_plane(grad, indices, input_shape, nd):
     lead = input_shape[: len(input_shape) - nd]
     plane = math.prod(input_shape[len(input_shape) - nd :])
     batch = math.prod(lead)
-    g = _up(grad).reshape(batch, -1)
+    g = to_opmath(grad).reshape(batch, -1)
     idx = indices.reshape(batch, -1)
     out = jnp.zeros((batch, plane), g.dtype).at[jnp.arange(batch)[:, None], idx].add(g, mode="drop")
     return out.reshape(input_shape)
@@ -258,7 +248,7 @@ def _avg_divisor(size, k, pad, stride, out, count_include_pad):
 
 def _avg_pool(nd, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     kernel, stride, padding, _ = _pool_params(nd, kernel_size, stride, padding, 1)
-    x = _up(self)
+    x = to_opmath(self)
     sizes = x.shape[-nd:]
     outs = [_pool_out_size(s, k, p, st, 1, ceil_mode) for s, k, p, st in zip(sizes, kernel, padding, stride)]
     lead = x.ndim - nd
@@ -291,8 +281,8 @@ def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_i
 
 def _linear_backward(f, grad_output, self):
     """The vjp of a linear function f of self at grad_output."""
-    _, vjp = jax.vjp(f, jnp.zeros(self.shape, _compute_dtype(self.dtype)))
-    return vjp(_up(grad_output))[0]
+    _, vjp = jax.vjp(f, jnp.zeros(self.shape, opmath(self.dtype)))
+    return vjp(to_opmath(grad_output))[0]
 
 
 @lower(aten.avg_pool2d_backward.default)
@@ -323,7 +313,7 @@ def _adaptive_bounds(size: int, out: int):
 
 
 def _adaptive_avg_pool(nd, self, output_size):
-    x = _up(self)
+    x = to_opmath(self)
     for d, out in enumerate(_ntuple(output_size, nd)):
         axis = x.ndim - nd + d
         size = x.shape[axis]
@@ -481,7 +471,7 @@ def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, 
 def _softmax_impl(x, dim, log):
     if x.ndim == 0:
         return jnp.zeros_like(x) if log else jnp.ones_like(x)
-    x = _up(x)
+    x = to_opmath(x)
     return jax.nn.log_softmax(x, axis=dim) if log else jax.nn.softmax(x, axis=dim)
 
 
@@ -497,7 +487,7 @@ def log_softmax(self, dim, half_to_float):
 
 @lower(aten._softmax_backward_data.default)
 def softmax_backward_data(grad_output, output, dim, input_dtype):
-    g, y = _up(grad_output), _up(output)
+    g, y = to_opmath(grad_output), to_opmath(output)
     if y.ndim == 0:
         return g * 0
     return y * (g - jnp.sum(g * y, axis=dim, keepdims=True))
@@ -505,7 +495,7 @@ def softmax_backward_data(grad_output, output, dim, input_dtype):
 
 @lower(aten._log_softmax_backward_data.default)
 def log_softmax_backward_data(grad_output, output, dim, input_dtype):
-    g, y = _up(grad_output), _up(output)
+    g, y = to_opmath(grad_output), to_opmath(output)
     if y.ndim == 0:
         return g * 0
     return g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)
@@ -518,9 +508,9 @@ def _nll_parts(self, target, weight, ignore_index):
     """Per-sample picked log-probabilities and weights; self has classes last."""
     keep = target != ignore_index
     safe = jnp.where(keep, target, 0).astype(jnp.int32)
-    x = _up(self)
+    x = to_opmath(self)
     picked = jnp.take_along_axis(x, safe[..., None], axis=-1)[..., 0]
-    w = jnp.ones((), x.dtype) if weight is None else _up(weight)[safe]
+    w = jnp.ones((), x.dtype) if weight is None else to_opmath(weight)[safe]
     return picked, jnp.where(keep, w, 0).astype(x.dtype), safe
 
 
@@ -538,7 +528,7 @@ def _nll_forward(self, target, weight, reduction, ignore_index, batched):
 
 def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
     _, w, safe = _nll_parts(self, target, weight, ignore_index)
-    g = _up(grad_output)
+    g = to_opmath(grad_output)
     if reduction == _MEAN:
         g = g / total_weight
     scale = -jnp.broadcast_to(w, safe.shape) * g
@@ -586,7 +576,7 @@ def nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_ind
 
 
 def _loss_grad_scale(grad_output, diff, reduction):
-    g = _up(grad_output)
+    g = to_opmath(grad_output)
     if reduction == _MEAN:
         g = g / diff.size
     return g
@@ -594,19 +584,19 @@ def _loss_grad_scale(grad_output, diff, reduction):
 
 @lower(aten.mse_loss.default)
 def mse_loss(self, target, reduction=_MEAN):
-    d = _up(self) - _up(target)
+    d = to_opmath(self) - to_opmath(target)
     return _reduce(d * d, reduction)
 
 
 @lower(aten.mse_loss_backward.default)
 def mse_loss_backward(grad_output, self, target, reduction):
-    d = _up(self) - _up(target)
+    d = to_opmath(self) - to_opmath(target)
     return _sum_to(2 * d * _loss_grad_scale(grad_output, d, reduction), self.shape)
 
 
 @lower(aten.smooth_l1_loss.default)
 def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
-    d = jnp.abs(_up(self) - _up(target))
+    d = jnp.abs(to_opmath(self) - to_opmath(target))
     if beta == 0:
         return _reduce(d, reduction)
     return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
@@ -614,7 +604,7 @@ def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
 
 @lower(aten.smooth_l1_loss_backward.default)
 def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
-    d = _up(self) - _up(target)
+    d = to_opmath(self) - to_opmath(target)
     if beta == 0:
         local = jnp.sign(d)
     else:
@@ -624,41 +614,41 @@ def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
 
 @lower(aten.huber_loss.default)
 def huber_loss(self, target, reduction=_MEAN, delta=1.0):
-    d = jnp.abs(_up(self) - _up(target))
+    d = jnp.abs(to_opmath(self) - to_opmath(target))
     return _reduce(jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
 
 
 @lower(aten.huber_loss_backward.default)
 def huber_loss_backward(grad_output, self, target, reduction, delta):
-    d = _up(self) - _up(target)
+    d = to_opmath(self) - to_opmath(target)
     return _sum_to(jnp.clip(d, -delta, delta) * _loss_grad_scale(grad_output, d, reduction), self.shape)
 
 
 @lower(aten.binary_cross_entropy.default)
 def binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
-    x, t = _up(self), _up(target)
+    x, t = to_opmath(self), to_opmath(target)
     loss = -(t * jnp.maximum(jnp.log(x), -100.0) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100.0))
     if weight is not None:
-        loss = loss * _up(weight)
+        loss = loss * to_opmath(weight)
     return _reduce(loss, reduction)
 
 
 @lower(aten.binary_cross_entropy_backward.default)
 def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=_MEAN):
-    x, t = _up(self), _up(target)
+    x, t = to_opmath(self), to_opmath(target)
     grad = (x - t) / jnp.maximum((1 - x) * x, 1e-12) * _loss_grad_scale(grad_output, x, reduction)
     if weight is not None:
-        grad = grad * _up(weight)
+        grad = grad * to_opmath(weight)
     return grad
 
 
 @lower(aten.binary_cross_entropy_with_logits.default)
 def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=_MEAN):
-    x, t = _up(self), _up(target)
-    log_weight = 1.0 if pos_weight is None else (_up(pos_weight) - 1) * t + 1
+    x, t = to_opmath(self), to_opmath(target)
+    log_weight = 1.0 if pos_weight is None else (to_opmath(pos_weight) - 1) * t + 1
     loss = (1 - t) * x - log_weight * jax.nn.log_sigmoid(x)
     if weight is not None:
-        loss = loss * _up(weight)
+        loss = loss * to_opmath(weight)
     return _reduce(loss, reduction)
 
 
@@ -671,7 +661,7 @@ def _multi_margin(x, target, p, margin, weight):
     if p == 2:
         z = z * z
     if weight is not None:
-        z = z * _up(weight)[t][:, None]
+        z = z * to_opmath(weight)[t][:, None]
     z = jnp.where(jax.nn.one_hot(t, C, dtype=bool), 0, z)
     return jnp.sum(z, axis=1) / C
 
@@ -684,7 +674,7 @@ def _as_batch(self, target):
 
 @lower(aten.multi_margin_loss.default)
 def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
-    x, t = _as_batch(_up(self), target)
+    x, t = _as_batch(to_opmath(self), target)
     loss = _multi_margin(x, t, p, margin, weight)
     return _reduce(loss if self.ndim > 1 else loss[0], reduction)
 
@@ -694,8 +684,8 @@ def _multi_margin_grad(grad_output, self, target, weight, p, margin, reduction):
     def f(x):
         return multi_margin_loss(x, target, p, margin, weight, reduction)
 
-    out, vjp = jax.vjp(f, _up(self))
-    return vjp(jnp.broadcast_to(_up(grad_output), out.shape))[0].astype(self.dtype)
+    out, vjp = jax.vjp(f, to_opmath(self))
+    return vjp(jnp.broadcast_to(to_opmath(grad_output), out.shape))[0].astype(self.dtype)
 
 
 # PyTorch has no meta kernel for the margin losses' backward ops: they run eagerly.
@@ -722,7 +712,7 @@ def _multilabel_margin(x, target):
 @functools.partial(jax.jit, static_argnums=2)
 def _multilabel_margin_forward(self, target, reduction):
     x, t = (self.reshape(1, -1), target.reshape(1, -1)) if self.ndim <= 1 else (self, target)
-    loss, is_target = _multilabel_margin(_up(x), t)
+    loss, is_target = _multilabel_margin(to_opmath(x), t)
     if self.ndim <= 1:
         loss, is_target = loss[0], is_target[0].reshape(self.shape)
     return _reduce(loss, reduction).astype(self.dtype), is_target.astype(self.dtype)
@@ -746,8 +736,8 @@ def _multilabel_margin_grad(grad_output, self, reduction, target):
     def f(x):
         return _multilabel_margin_forward(x, target, reduction)[0]
 
-    out, vjp = jax.vjp(f, _up(self))
-    return vjp(jnp.broadcast_to(_up(grad_output), out.shape))[0].astype(self.dtype)
+    out, vjp = jax.vjp(f, to_opmath(self))
+    return vjp(jnp.broadcast_to(to_opmath(grad_output), out.shape))[0].astype(self.dtype)
 
 
 @lower(aten.multilabel_margin_loss_backward.default, eager=True)
@@ -787,7 +777,7 @@ def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
 
 
 def _ctc_alpha(log_probs, ext, in_range, skip, il):
-    lp = jnp.moveaxis(_up(log_probs), 0, 1)  # (N, T, C)
+    lp = jnp.moveaxis(to_opmath(log_probs), 0, 1)  # (N, T, C)
     lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[:, None, :], lp.shape[:2] + ext.shape[1:]), axis=2)
     ninf = jnp.full(ext.shape, -jnp.inf, lpe.dtype)
     first = jnp.where(jnp.arange(ext.shape[1])[None, :] < 2, lpe[:, 0], -jnp.inf)
@@ -821,7 +811,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_in
 def _ctc_grad(grad, log_probs, targets, neg_log_likelihood, log_alpha, lengths, blank, zero_infinity):
     input_lengths, target_lengths = lengths
     ext, in_range, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
-    lp = jnp.moveaxis(_up(log_probs), 0, 1)  # (N, T, C)
+    lp = jnp.moveaxis(to_opmath(log_probs), 0, 1)  # (N, T, C)
     lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[:, None, :], lp.shape[:2] + ext.shape[1:]), axis=2)
     n, T, width = lpe.shape
     s = jnp.arange(width)[None, :]
@@ -840,14 +830,14 @@ def _ctc_grad(grad, log_probs, targets, neg_log_likelihood, log_alpha, lengths, 
         return cur, cur
 
     _, beta = lax.scan(step, ninf, (jnp.moveaxis(lpe, 1, 0), jnp.arange(T)), reverse=True)
-    ab = _up(log_alpha)[:, :, :width] + jnp.moveaxis(beta, 0, 1)  # (N, T, 2S+1)
+    ab = to_opmath(log_alpha)[:, :, :width] + jnp.moveaxis(beta, 0, 1)  # (N, T, 2S+1)
     m = jnp.max(ab, axis=2, keepdims=True)
     m = jnp.where(jnp.isneginf(m), 0, m)
     onehot = jax.nn.one_hot(ext, lp.shape[2], dtype=ab.dtype)  # (N, 2S+1, C)
     total = jnp.einsum("nts,nsc->ntc", jnp.exp(ab - m), onehot, precision=_HIGHEST)
     lcab = jnp.log(total) + m
-    nll = _up(neg_log_likelihood)[:, None, None]
-    res = (jnp.exp(lp) - jnp.exp(lcab + nll - lp)) * _up(grad)[:, None, None]
+    nll = to_opmath(neg_log_likelihood)[:, None, None]
+    res = (jnp.exp(lp) - jnp.exp(lcab + nll - lp)) * to_opmath(grad)[:, None, None]
     res = jnp.where((jnp.arange(T)[None, :] < il[:, None])[..., None], res, 0)
     if zero_infinity:
         res = jnp.where(jnp.isinf(nll), 0, res)
@@ -885,26 +875,26 @@ def _moments(x, axes):
 
 @lower(aten.native_layer_norm.default)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
-    x = _up(input)
+    x = to_opmath(input)
     axis = input.ndim - len(normalized_shape)
     axes = tuple(range(axis, input.ndim))
     mean, var = _moments(x, axes)
     rstd = lax.rsqrt(var + eps)
     out = (x - mean) * rstd
     if weight is not None:
-        out = out * _up(weight)
+        out = out * to_opmath(weight)
     if bias is not None:
-        out = out + _up(bias)
+        out = out + to_opmath(bias)
     return out, mean, rstd
 
 
 @lower(aten.native_layer_norm_backward.default)
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
-    x, g = _up(input), _up(grad_out)
+    x, g = to_opmath(input), to_opmath(grad_out)
     axis = input.ndim - len(normalized_shape)
     axes = tuple(range(axis, input.ndim))
     x_hat = (x - mean) * rstd
-    gw = g if weight is None else g * _up(weight)
+    gw = g if weight is None else g * to_opmath(weight)
     grad_input = rstd * (
         gw - jnp.mean(gw, axis=axes, keepdims=True) - x_hat * jnp.mean(gw * x_hat, axis=axes, keepdims=True)
     )
@@ -920,34 +910,34 @@ def _channel(v, ndim):
 
 
 def _bn_train(input, weight, bias, eps):
-    x = _up(input)
+    x = to_opmath(input)
     axes = (0, *tuple(range(2, x.ndim)))
     mean, var = _moments(x, axes)
     invstd = lax.rsqrt(var + eps)
     out = (x - mean) * invstd
     if weight is not None:
-        out = out * _channel(_up(weight), x.ndim)
+        out = out * _channel(to_opmath(weight), x.ndim)
     if bias is not None:
-        out = out + _channel(_up(bias), x.ndim)
+        out = out + _channel(to_opmath(bias), x.ndim)
     return out, mean.reshape(-1), invstd.reshape(-1), var.reshape(-1)
 
 
 def _bn_eval(input, weight, bias, running_mean, running_var, eps):
-    x = _up(input)
-    invstd = lax.rsqrt(_up(running_var) + eps)
-    out = (x - _channel(_up(running_mean), x.ndim)) * _channel(invstd, x.ndim)
+    x = to_opmath(input)
+    invstd = lax.rsqrt(to_opmath(running_var) + eps)
+    out = (x - _channel(to_opmath(running_mean), x.ndim)) * _channel(invstd, x.ndim)
     if weight is not None:
-        out = out * _channel(_up(weight), x.ndim)
+        out = out * _channel(to_opmath(weight), x.ndim)
     if bias is not None:
-        out = out + _channel(_up(bias), x.ndim)
+        out = out + _channel(to_opmath(bias), x.ndim)
     return out
 
 
 def _updated_stats(input, mean, var, running_mean, running_var, momentum):
     n = input.size // input.shape[1]
     unbiased = var * (n / max(n - 1, 1))
-    new_mean = (1 - momentum) * _up(running_mean) + momentum * mean
-    new_var = (1 - momentum) * _up(running_var) + momentum * unbiased
+    new_mean = (1 - momentum) * to_opmath(running_mean) + momentum * mean
+    new_var = (1 - momentum) * to_opmath(running_var) + momentum * unbiased
     return new_mean, new_var
 
 
@@ -979,7 +969,7 @@ def native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, ep
 def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     out = _bn_eval(input, weight, bias, running_mean, running_var, eps)
     # PyTorch's meta kernel gives these (C,) outputs; they are the running statistics.
-    return out, _up(running_mean), lax.rsqrt(_up(running_var) + eps)
+    return out, to_opmath(running_mean), lax.rsqrt(to_opmath(running_var) + eps)
 
 
 @lower(aten._batch_norm_with_update.default)
@@ -1008,14 +998,14 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
 
 
 def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask):
-    x, g = _up(input), _up(grad_out)
+    x, g = to_opmath(input), to_opmath(grad_out)
     axes = (0, *tuple(range(2, x.ndim)))
     if train:
-        mean, invstd = _up(save_mean), _up(save_invstd)
+        mean, invstd = to_opmath(save_mean), to_opmath(save_invstd)
     else:
-        mean, invstd = _up(running_mean), lax.rsqrt(_up(running_var) + eps)
+        mean, invstd = to_opmath(running_mean), lax.rsqrt(to_opmath(running_var) + eps)
     mean, invstd = _channel(mean, x.ndim), _channel(invstd, x.ndim)
-    w = jnp.ones((), x.dtype) if weight is None else _channel(_up(weight), x.ndim)
+    w = jnp.ones((), x.dtype) if weight is None else _channel(to_opmath(weight), x.ndim)
     x_hat = (x - mean) * invstd
     grad_input = None
     if output_mask[0]:
@@ -1053,24 +1043,24 @@ def batch_norm_backward(
 
 @lower(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-    x = _up(input).reshape(N, group, -1)
+    x = to_opmath(input).reshape(N, group, -1)
     mean, var = _moments(x, (2,))
     rstd = lax.rsqrt(var + eps)
     out = ((x - mean) * rstd).reshape(N, C, -1)
     if weight is not None:
-        out = out * _up(weight)[None, :, None]
+        out = out * to_opmath(weight)[None, :, None]
     if bias is not None:
-        out = out + _up(bias)[None, :, None]
+        out = out + to_opmath(bias)[None, :, None]
     return out.reshape(input.shape), mean.reshape(N, group), rstd.reshape(N, group)
 
 
 @lower(aten.native_group_norm_backward.default)
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
-    x = _up(input).reshape(N, group, -1)
-    g = _up(grad_out).reshape(N, C, -1)
-    mean, rstd = _up(mean)[..., None], _up(rstd)[..., None]
+    x = to_opmath(input).reshape(N, group, -1)
+    g = to_opmath(grad_out).reshape(N, C, -1)
+    mean, rstd = to_opmath(mean)[..., None], to_opmath(rstd)[..., None]
     x_hat = (x - mean) * rstd
-    gw = (g if weight is None else g * _up(weight)[None, :, None]).reshape(N, group, -1)
+    gw = (g if weight is None else g * to_opmath(weight)[None, :, None]).reshape(N, group, -1)
     grad_input = rstd * (gw - jnp.mean(gw, axis=2, keepdims=True) - x_hat * jnp.mean(gw * x_hat, axis=2, keepdims=True))
     x_hat_c = x_hat.reshape(N, C, -1)
     grad_weight = jnp.sum(g * x_hat_c, axis=(0, 2)) if output_mask[1] else None
@@ -1084,7 +1074,7 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
 @lower(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     idx = indices.reshape(-1)
-    g = _up(grad_output).reshape(idx.shape[0], -1)
+    g = to_opmath(grad_output).reshape(idx.shape[0], -1)
     if padding_idx >= 0:
         g = jnp.where((idx == padding_idx)[:, None], 0, g)
     if scale_grad_by_freq:
@@ -1106,7 +1096,7 @@ def _bag_of(indices, offsets, include_last_offset):
 def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
     bag, bags = _bag_of(indices, offsets, include_last_offset)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
-    rows = _up(weight)[indices]
+    rows = to_opmath(weight)[indices]
     # bag_size has one entry per offset, also with include_last_offset (the last is 0).
     bag_size = jnp.zeros((offsets.shape[0],), jnp.int64).at[bag].add(valid.astype(jnp.int64))
     max_indices = jnp.zeros((0,), jnp.int64)
@@ -1121,7 +1111,7 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, incl
         max_indices = jnp.where(empty, 0, indices[jnp.clip(arg, 0, max(indices.shape[0] - 1, 0))])
         return jnp.where(empty, 0, top), bag, bag_size, max_indices
     if per_sample_weights is not None:
-        rows = rows * _up(per_sample_weights)[:, None]
+        rows = rows * to_opmath(per_sample_weights)[:, None]
     out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, num_segments=bags)
     if mode == _BAG_MEAN:
         out = out / jnp.maximum(bag_size[:bags], 1)[:, None].astype(out.dtype)
@@ -1155,7 +1145,7 @@ def _embedding_bag_grad(
     per_sample_weights,
     padding_idx,
 ):
-    g = _up(grad)
+    g = to_opmath(grad)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
     if mode == _BAG_MAX:
         dims = jnp.arange(g.shape[1])[None, :]
@@ -1165,7 +1155,7 @@ def _embedding_bag_grad(
     if mode == _BAG_MEAN:
         rows = rows / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(rows.dtype)
     elif per_sample_weights is not None:
-        rows = rows * _up(per_sample_weights)[:, None]
+        rows = rows * to_opmath(per_sample_weights)[:, None]
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), rows.dtype).at[indices].add(1)
         rows = rows / counts[indices][:, None]
@@ -1232,7 +1222,7 @@ def embedding_bag_dense_backward(
 
 @lower(aten._embedding_bag_per_sample_weights_backward.default)
 def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
-    dots = jnp.sum(_up(grad)[offset2bag] * _up(weight)[indices], axis=1)
+    dots = jnp.sum(to_opmath(grad)[offset2bag] * to_opmath(weight)[indices], axis=1)
     return jnp.where(indices != padding_idx, dots, 0) if padding_idx >= 0 else dots
 
 
@@ -1336,7 +1326,7 @@ def _upsample_cubic(x, output_size, align_corners, scales):
 
 @lower(aten.upsample_bicubic2d.default)
 def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
-    return _upsample_cubic(_up(self), tuple(output_size), align_corners, (scales_h, scales_w))
+    return _upsample_cubic(to_opmath(self), tuple(output_size), align_corners, (scales_h, scales_w))
 
 
 @lower(aten.upsample_bicubic2d_backward.default)
@@ -1402,8 +1392,8 @@ def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w
 
 
 def _upsample_backward(f, grad_output, input_size):
-    _, vjp = jax.vjp(f, jnp.zeros(tuple(input_size), _compute_dtype(grad_output.dtype)))
-    return vjp(_up(grad_output))[0]
+    _, vjp = jax.vjp(f, jnp.zeros(tuple(input_size), opmath(grad_output.dtype)))
+    return vjp(to_opmath(grad_output))[0]
 
 
 @lower(aten.upsample_nearest1d_backward.default)
@@ -1427,17 +1417,17 @@ def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=N
 
 @lower(aten.upsample_linear1d.default)
 def upsample_linear1d(self, output_size, align_corners, scales=None):
-    return _upsample_linear(_up(self), tuple(output_size), align_corners, (scales,))
+    return _upsample_linear(to_opmath(self), tuple(output_size), align_corners, (scales,))
 
 
 @lower(aten.upsample_bilinear2d.default)
 def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
-    return _upsample_linear(_up(self), tuple(output_size), align_corners, (scales_h, scales_w))
+    return _upsample_linear(to_opmath(self), tuple(output_size), align_corners, (scales_h, scales_w))
 
 
 @lower(aten.upsample_trilinear3d.default)
 def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
-    return _upsample_linear(_up(self), tuple(output_size), align_corners, (scales_d, scales_h, scales_w))
+    return _upsample_linear(to_opmath(self), tuple(output_size), align_corners, (scales_d, scales_h, scales_w))
 
 
 @lower(aten.upsample_linear1d_backward.default)
@@ -1558,15 +1548,17 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
 
 @lower(aten.grid_sampler_2d.default)
 def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
-    return _grid_sample(_up(input), _up(grid), interpolation_mode, padding_mode, align_corners)
+    return _grid_sample(to_opmath(input), to_opmath(grid), interpolation_mode, padding_mode, align_corners)
 
 
 @lower(aten.grid_sampler_2d_backward.default)
 def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
     _, vjp = jax.vjp(
-        lambda x, g: _grid_sample(x, g, interpolation_mode, padding_mode, align_corners), _up(input), _up(grid)
+        lambda x, g: _grid_sample(x, g, interpolation_mode, padding_mode, align_corners),
+        to_opmath(input),
+        to_opmath(grid),
     )
-    grad_input, grad_grid = vjp(_up(grad_output))
+    grad_input, grad_grid = vjp(to_opmath(grad_output))
     return grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None
 
 
@@ -1582,7 +1574,7 @@ def _pairwise_diff(x1, x2):
 
 @lower(aten._cdist_forward.default)
 def cdist_forward(x1, x2, p, compute_mode):
-    d = jnp.abs(_pairwise_diff(_up(x1), _up(x2)))
+    d = jnp.abs(_pairwise_diff(to_opmath(x1), to_opmath(x2)))
     if p == 0:
         return jnp.sum(d != 0, axis=-1).astype(d.dtype)
     if p == 1:
@@ -1596,8 +1588,8 @@ def cdist_forward(x1, x2, p, compute_mode):
 
 @lower(aten._cdist_backward.default)
 def cdist_backward(grad, x1, x2, p, cdist):
-    diff = _pairwise_diff(_up(x1), _up(x2))
-    g, dist = _up(grad)[..., None], _up(cdist)[..., None]
+    diff = _pairwise_diff(to_opmath(x1), to_opmath(x2))
+    g, dist = to_opmath(grad)[..., None], to_opmath(cdist)[..., None]
     if p == 0:
         local = jnp.zeros_like(diff)
     elif p == 1:
@@ -1618,44 +1610,44 @@ def cdist_backward(grad, x1, x2, p, cdist):
 
 @lower(aten.glu.default)
 def glu(self, dim=-1):
-    a, b = jnp.split(_up(self), 2, axis=dim)
+    a, b = jnp.split(to_opmath(self), 2, axis=dim)
     return a * jax.nn.sigmoid(b)
 
 
 @lower(aten.glu_backward.default)
 def glu_backward(grad_output, self, dim):
-    _, vjp = jax.vjp(lambda x: glu(x, dim), _up(self))
-    return vjp(_up(grad_output))[0]
+    _, vjp = jax.vjp(lambda x: glu(x, dim), to_opmath(self))
+    return vjp(to_opmath(grad_output))[0]
 
 
 @lower(aten._prelu_kernel.default)
 def prelu_kernel(self, weight):
-    x, w = _up(self), _up(weight)
+    x, w = to_opmath(self), to_opmath(weight)
     return jnp.where(x > 0, x, w * x)
 
 
 @lower(aten._prelu_kernel_backward.default)
 def prelu_kernel_backward(grad_output, self, weight):
-    x, w, g = _up(self), _up(weight), _up(grad_output)
+    x, w, g = to_opmath(self), to_opmath(weight), to_opmath(grad_output)
     return jnp.where(x > 0, g, w * g), jnp.where(x > 0, 0, x * g)
 
 
 @lower(aten.log_sigmoid_forward.default)
 def log_sigmoid_forward(self):
-    x = _up(self)
+    x = to_opmath(self)
     # The buffer CPU saves for backward; this lowering's backward recomputes from x instead.
     return jax.nn.log_sigmoid(x), jnp.zeros_like(x)
 
 
 @lower(aten.log_sigmoid_backward.default)
 def log_sigmoid_backward(grad_output, self, buffer):
-    x, g = _up(self), _up(grad_output)
+    x, g = to_opmath(self), to_opmath(grad_output)
     return g * jax.nn.sigmoid(-x)
 
 
 @lower(aten.softshrink.default)
 def softshrink(self, lambd=0.5):
-    x = _up(self)
+    x = to_opmath(self)
     return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
 
 

@@ -18,14 +18,8 @@ from jax import lax
 from torch_tpu import metrics
 from torch_tpu.ops import precision
 from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
+from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.registry import aten, lower
-
-
-def _opmath(x):
-    """Half floats compute in float32, as CPU's foreach kernels do."""
-    if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4:
-        return x.astype(jnp.float32)
-    return x
 
 
 def _map(fn, *lists):
@@ -184,11 +178,11 @@ def foreach_minimum_scalar(self, scalar):
 
 
 def _addcmul(x, t1, t2, value):
-    return _opmath(x) + value * _opmath(t1) * _opmath(t2)
+    return to_opmath(x) + value * to_opmath(t1) * to_opmath(t2)
 
 
 def _addcdiv(x, t1, t2, value):
-    return _opmath(x) + value * _opmath(t1) / _opmath(t2)
+    return to_opmath(x) + value * to_opmath(t1) / to_opmath(t2)
 
 
 @lower(aten._foreach_addcmul.Scalar)
@@ -213,8 +207,8 @@ def foreach_addcdiv_scalar_list(self, tensor1, tensor2, scalars):
 
 def _lerp(x, end, weight):
     """CPU's lerp: exact at both ends."""
-    x, end = _opmath(x), _opmath(end)
-    weight = _opmath(weight) if hasattr(weight, "dtype") else weight
+    x, end = to_opmath(x), to_opmath(end)
+    weight = to_opmath(weight) if hasattr(weight, "dtype") else weight
     return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x), end - (end - x) * (1 - weight))
 
 
@@ -250,7 +244,7 @@ _PER_SCALAR = {
 @functools.partial(jax.jit, static_argnums=0)
 def _per_scalar_step(name, lists, scalars):
     fn = _PER_SCALAR[name]
-    return [fn(*xs, scalars[i].astype(_opmath(xs[0]).dtype)) for i, xs in enumerate(zip(*lists))]
+    return [fn(*xs, scalars[i].astype(to_opmath(xs[0]).dtype)) for i, xs in enumerate(zip(*lists))]
 
 
 def _scalar_array(scalars, tensors) -> jax.Array:
@@ -410,7 +404,7 @@ def foreach_mm(self, mat2):
 
 
 def _norm(x, ord):
-    a = jnp.abs(_opmath(x))
+    a = jnp.abs(to_opmath(x))
     if a.size == 0:
         return jnp.zeros((), a.dtype) if ord != -math.inf else jnp.full((), jnp.inf, a.dtype)
     if ord == 2:
@@ -463,7 +457,7 @@ def _fused_sgd(
 ):
     params, new_grads, bufs = [], [], []
     for i, (p, g) in enumerate(zip(self, grads)):
-        p32, g32 = _opmath(p), _opmath(g)
+        p32, g32 = to_opmath(p), to_opmath(g)
         if grad_scale is not None:
             g32 = g32 / grad_scale.reshape(())
         new_grads.append(g32)
@@ -472,7 +466,7 @@ def _fused_sgd(
         if weight_decay != 0:
             g32 = g32 + weight_decay * p32
         if momentum != 0:
-            buf = g32 if is_first_step else momentum * _opmath(momentum_buffer_list[i]) + (1 - dampening) * g32
+            buf = g32 if is_first_step else momentum * to_opmath(momentum_buffer_list[i]) + (1 - dampening) * g32
             bufs.append(buf)
             g32 = g32 + momentum * buf if nesterov else buf
         params.append(p32 - lr * g32)
@@ -567,7 +561,7 @@ def _fused_adam(
     lr = lr.reshape(()).astype(jnp.float32)
     params, new_grads, avgs, sqs, maxes = [], [], [], [], []
     for i, (p, g, m, v, step) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs, state_steps)):
-        p32, g32, m32, v32 = _opmath(p), _opmath(g), _opmath(m), _opmath(v)
+        p32, g32, m32, v32 = to_opmath(p), to_opmath(g), to_opmath(m), to_opmath(v)
         if grad_scale is not None:
             g32 = g32 / grad_scale.reshape(())
         new_grads.append(g32)
@@ -584,7 +578,7 @@ def _fused_adam(
         m32 = m32 + (1 - beta1) * (g32 - m32)
         v32 = beta2 * v32 + (1 - beta2) * g32 * g32
         if amsgrad:
-            top = jnp.maximum(_opmath(max_exp_avg_sqs[i]), v32)
+            top = jnp.maximum(to_opmath(max_exp_avg_sqs[i]), v32)
             maxes.append(top)
         else:
             top = v32
@@ -691,7 +685,7 @@ def fused_adam_(
 @lower(aten._amp_foreach_non_finite_check_and_unscale_.default)
 def amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
     inv = inv_scale.reshape(())
-    unscaled = [(_opmath(x) * inv).astype(x.dtype) for x in self]
+    unscaled = [(to_opmath(x) * inv).astype(x.dtype) for x in self]
     bad = jnp.zeros((), bool)
     for x in unscaled:
         bad = bad | ~jnp.all(jnp.isfinite(x))

@@ -20,8 +20,8 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops.dispatcher import from_jax, to_jax
-from torch_tpu.ops.dtypes import to_numpy_dtype
-from torch_tpu.ops.indexing import index_bounds, sort_along, type_name
+from torch_tpu.ops.dtypes import to_numpy_dtype, type_name
+from torch_tpu.ops.indexing import index_bounds, sort_along
 from torch_tpu.ops.registry import aten, lower
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
