@@ -19,7 +19,7 @@ from jax import lax
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import indexing
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
-from torch_tpu.ops.elementwise import cast
+from torch_tpu.ops.promotion import cast
 from torch_tpu.ops.registry import aten
 
 _TABLE: dict = {}

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
-from torch_tpu.ops.elementwise import _digamma, to_float
+from torch_tpu.ops.elementwise import _digamma
+from torch_tpu.ops.promotion import to_float
 from torch_tpu.ops.registry import aten, lower
 
 _MAX_SHIFT = 4096  # steps of the recurrence; farther negative x keep jax's value

@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from torch_tpu.ops.dtypes import opmath, to_numpy_dtype, type_name
-from torch_tpu.ops.elementwise import cast, float_dtype, is_integral, require, result_dtype
+from torch_tpu.ops.promotion import cast, float_dtype, is_integral, require, result_dtype
 from torch_tpu.ops.registry import aten, lower
 
 
