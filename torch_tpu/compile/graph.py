@@ -34,7 +34,7 @@ from torch.fx import GraphModule, Node
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import async_compile, donation, graph_ops
 from torch_tpu.compile import options as compile_options
-from torch_tpu.ops import dispatcher, host, precision, registry
+from torch_tpu.ops import dispatcher, host, precision, registry, tensors
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
 from torch_tpu.runtime import client
@@ -248,9 +248,9 @@ class Segment:
                             f"devices, tpu:{device} and tpu:{index}!"
                         )
                     if buf is None:
-                        buf = dispatcher.buffer_of(v)
+                        buf = tensors.buffer_of(v)
                     dyn.append(buf)
-                    sig.append(key if key is not None else dispatcher.tensor_geometry(v, buf))
+                    sig.append(key if key is not None else tensors.tensor_geometry(v, buf))
                 elif v.dim() == 0:
                     dyn.append(v.item())
                     sig.append(("cpu0", v.dtype))
@@ -298,7 +298,7 @@ class Segment:
         readers = []
         for v, key in zip(values, signature):
             if isinstance(v, torch.Tensor) and v.device.type == "tpu":
-                geom = key if isinstance(key, geo.Geometry) else dispatcher.tensor_geometry(v, dispatcher.buffer_of(v))
+                geom = key if isinstance(key, geo.Geometry) else tensors.tensor_geometry(v, tensors.buffer_of(v))
                 readers.append(_Input("buffer", geom))
             elif isinstance(v, torch.Tensor):
                 readers.append(_Input("scalar" if v.dim() == 0 else "array"))

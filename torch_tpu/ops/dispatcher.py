@@ -9,7 +9,6 @@ output shapes, dtypes and error checks.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 import warnings
@@ -25,18 +24,15 @@ from torch._ops import OpOverload
 from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import precision
-from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, to_numpy_dtype
+from torch_tpu.ops import precision, spmd
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering
+from torch_tpu.ops.tensors import buffer_of, tensor_geometry
 from torch_tpu.runtime import client
 from torch_tpu.runtime.executable_cache import ExecutableCache
 
 _cache = ExecutableCache()
-
-# Set by torch_tpu.distributed once a tensor is sharded (torch_tpu/distributed/sharding.py):
-# place_inputs(inputs, bound) moves a call's single-device inputs onto the mesh of its sharded
-# ones (jax.jit refuses mixed device sets); keep_layout(old, new) keeps a written tensor's sharding.
-spmd = None
 
 
 class _TensorSlot:
@@ -47,7 +43,7 @@ class _TensorSlot:
         self.geom = geom
 
 
-class _WrappedNumber:
+class WrappedNumber:
     """A Python number torch passed for a Tensor argument (`x + 2`): traced like a CPU 0-dim tensor."""
 
     __slots__ = ("value",)
@@ -60,7 +56,7 @@ def _wrap_numbers(bound: list, positions: tuple[int, ...]) -> None:
     for i in positions:
         v = bound[i]
         if isinstance(v, (bool, float)) or (isinstance(v, int) and -(2**63) <= v < 2**63):
-            bound[i] = _WrappedNumber(v)
+            bound[i] = WrappedNumber(v)
 
 
 class _ScalarSlot:
@@ -71,39 +67,6 @@ class _ScalarSlot:
     def __init__(self, index: int, tensor: torch.Tensor):
         self.index = index
         self.tensor = tensor
-
-
-# ---- reading arguments ------------------------------------------------------
-
-
-def buffer_of(t: torch.Tensor) -> jax.Array:
-    """The flat buffer behind a tpu tensor; unwritten storage becomes zeros."""
-    buf = _C._get_buffer(t)
-    if buf is None:
-        storage = t.untyped_storage()
-        itemsize = t.element_size()
-        n = storage.nbytes() // itemsize
-        buf = _zeros(n, TORCH_TO_NUMPY[t.dtype], t.device.index)
-        _C._set_buffer(storage, buf, t.dtype, n)
-    return buf
-
-
-@functools.cache
-def _zeros_fn(n: int, dtype: np.dtype, device: int) -> Callable:
-    sharding = jax.sharding.SingleDeviceSharding(client.jax_device(device))
-    return jax.jit(lambda: jnp.zeros(n, dtype), out_shardings=sharding)
-
-
-def _zeros(n: int, dtype: np.dtype, device: int) -> jax.Array:
-    """Zeros made on the device (no host buffer, no transfer)."""
-    return _zeros_fn(n, dtype, device)()
-
-
-def tensor_geometry(t: torch.Tensor, buf: jax.Array):
-    dtype = TORCH_TO_NUMPY.get(t.dtype)
-    if dtype is None:
-        raise TypeError(f"tpu tensors do not support dtype {t.dtype}")
-    return geo.Geometry(tuple(t.shape), tuple(t.stride()), t.storage_offset(), dtype, buf.dtype, buf.size)
 
 
 class _Call:
@@ -117,7 +80,7 @@ class _Call:
         self.generator = None
 
     def walk(self, x):
-        if isinstance(x, _WrappedNumber):
+        if isinstance(x, WrappedNumber):
             self.inputs.append(x.value)
             return ("number", type(x.value))
         if isinstance(x, torch.Tensor):
@@ -154,7 +117,7 @@ class _Call:
 
 def _template(x, call: _Call, counter: list[int]):
     """`x` with tensors replaced by slots, in the same order as _Call.walk."""
-    if isinstance(x, _WrappedNumber):
+    if isinstance(x, WrappedNumber):
         counter[0] += 1
         return _ScalarSlot(counter[0] - 1, x.value)
     if isinstance(x, torch.Tensor):
@@ -321,7 +284,7 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
     mutable_slots = _flatten_values([template[i] for i in plan.mutable])
     for slot in mutable_slots:
         if isinstance(slot, _TensorSlot):
-            _check_no_internal_overlap(slot.geom)
+            check_no_internal_overlap(slot.geom)
     fn = lowering.fn
     functional_names = [n for n in plan.arg_names if n not in plan.out_names]
     mutable_shapes = [
@@ -385,15 +348,6 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
     else:
         entry.run = jax.jit(run)
     return entry
-
-
-def _check_no_internal_overlap(geom) -> None:
-    """CPU's assert_no_internal_overlap: an expanded (stride-0) tensor cannot be written."""
-    if any(size > 1 and stride == 0 for size, stride in zip(geom.sizes, geom.strides)):
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation."
-        )
 
 
 def _conform_tree(value, meta, op, keep_shape: bool = False):
@@ -485,8 +439,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         _wrap_numbers(bound, plan.tensor_args)
         call = _Call()
         sig = tuple(call.walk(v) for v in bound)
-        if spmd is not None:
-            spmd.place_inputs(call.inputs, bound)
+        if spmd.layer is not None:
+            spmd.layer.place_inputs(call.inputs, bound)
         aliases = _storage_aliases(plan, bound) if plan.mutable else None
         # factories and wrapped floats depend on the default dtype, matmuls on the matmul precision
         key = (op, sig, torch.get_default_dtype(), aliases, precision.cache_key())
@@ -519,8 +473,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         fresh = [_wrap_tree(v, m, device) for v, m in zip(fresh_values, entry.fresh_meta)]
         for t, buf, spec in zip(_mutable_tensors(plan, bound), new_buffers, entry.mutable_specs):
             if t is not None and buf is not None:
-                if spmd is not None:
-                    buf = spmd.keep_layout(_C._get_buffer(t), buf)
+                if spmd.layer is not None:
+                    buf = spmd.layer.keep_layout(_C._get_buffer(t), buf)
                 _C._set_buffer(t, buf, *spec)
         results = []
         for kind, i in plan.returns:
@@ -562,66 +516,3 @@ def _wrap_tree(value, meta, device: int):
     if meta is None or value is None:
         return None
     return _C._wrap(value, list(meta.shape), meta.dtype, device)
-
-
-def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A new tpu tensor holding `array` (used by eager lowerings)."""
-    if dtype is None:
-        dtype = NUMPY_TO_TORCH[np.dtype(array.dtype)]
-    elif array.dtype != to_numpy_dtype(dtype):
-        array = array.astype(to_numpy_dtype(dtype))
-    sharded = spmd is not None and len(array.sharding.device_set) > 1
-    buf = array if sharded else reshape(array, (-1,))  # a sharded array keeps its shape
-    return _C._wrap(buf, list(array.shape), dtype, device)
-
-
-_read_jit_cache: dict = {}
-
-
-@functools.cache
-def _reshaper(shape: tuple[int, ...]) -> Callable:
-    return jax.jit(lambda a: a.reshape(shape))
-
-
-def reshape(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """`array.reshape(shape)` through a cached executable: eager jnp reshapes cost ~5x more."""
-    if tuple(array.shape) == tuple(shape):
-        return array
-    return _reshaper(tuple(shape))(array)
-
-
-def to_jax(t: torch.Tensor) -> jax.Array:
-    """The value of a tpu tensor as a jax array of its shape (eager lowerings)."""
-    buf = buffer_of(t)
-    g = tensor_geometry(t, buf)
-    if g.is_whole:
-        return reshape(buf, g.sizes)
-    fn = _read_jit_cache.get(g)
-    if fn is None:
-        fn = _read_jit_cache[g] = jax.jit(lambda b, g=g: geo.read(b, g))
-    metrics.bump("executions")
-    return fn(buf)
-
-
-def write_jax(t: torch.Tensor, value: jax.Array) -> None:
-    """Writes `value` into the tpu tensor `t` (a view writes through to its base)."""
-    buf = buffer_of(t)
-    g = tensor_geometry(t, buf)
-    if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:
-        value = reshape(value, buf.shape)
-        _C._set_buffer(t, value if spmd is None else spmd.keep_layout(buf, value), t.dtype, g.numel)
-        return
-    _check_no_internal_overlap(g)
-    if spmd is not None:
-        pair = [buf, value]
-        spmd.place_inputs(pair, [])
-        buf, value = pair
-    key = ("write", g, value.shape, value.dtype)
-    fn = _read_jit_cache.get(key)
-    if fn is None:
-        fn = _read_jit_cache[key] = jax.jit(lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes)))
-    metrics.bump("executions")
-    new = fn(buf, value)
-    if spmd is not None:
-        new = spmd.keep_layout(buf, new)
-    _C._set_buffer(t, new, t.dtype, new.size)

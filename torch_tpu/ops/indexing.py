@@ -26,9 +26,9 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
-from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
 from torch_tpu.ops.dtypes import type_name
 from torch_tpu.ops.registry import Lowering, aten, inplace_variant, lower, out_variant
+from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
 from torch_tpu.runtime.global_arrays import host_value
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool, torch.uint8)

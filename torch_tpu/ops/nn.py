@@ -14,9 +14,9 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import opmath, to_opmath
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax
 
 _HIGHEST = lax.Precision.HIGHEST
 

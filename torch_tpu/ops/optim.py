@@ -17,9 +17,9 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops import precision
-from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
 from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
 
 
 def _map(fn, *lists):

@@ -19,10 +19,10 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype, type_name
 from torch_tpu.ops.indexing import index_bounds, sort_along
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 

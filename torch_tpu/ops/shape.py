@@ -16,9 +16,9 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax
 
 
 def _promoted(arrays) -> jnp.dtype:
