@@ -25,9 +25,11 @@ from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import precision, spmd
-from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering
+from torch_tpu.ops.rng import key_data, key_from_data_jit
+from torch_tpu.ops.schema import OpPlan, call_lowering, call_schema, conform_tree, flatten_values
 from torch_tpu.ops.tensors import buffer_of, tensor_geometry
 from torch_tpu.runtime import client
 from torch_tpu.runtime.executable_cache import ExecutableCache
@@ -161,73 +163,6 @@ def _meta_device(x):
     return x
 
 
-# ---- the op plan ------------------------------------------------------------
-
-
-class _OpPlan:
-    """What a schema says about mutation and returns, computed once per op."""
-
-    def __init__(self, op: OpOverload, derived: bool):
-        schema = op._schema
-        self.op = op
-        self.derived = derived  # lowering is the functional op; outputs go to mutable args
-        self.arg_names = [a.name for a in schema.arguments]
-        self.kwarg_only = {a.name for a in schema.arguments if a.kwarg_only}
-        self.mutable = [i for i, a in enumerate(schema.arguments) if a.alias_info and a.alias_info.is_write]
-        self.out_names = [a.name for a in schema.arguments if a.is_out]
-        arg_sets = {
-            frozenset(a.alias_info.before_set): i
-            for i, a in enumerate(schema.arguments)
-            if a.alias_info and a.alias_info.is_write
-        }
-        self.returns: list[tuple[str, int]] = []
-        fresh = 0
-        for r in schema.returns:
-            if r.alias_info is not None:
-                self.returns.append(("arg", arg_sets[frozenset(r.alias_info.before_set)]))
-            else:
-                self.returns.append(("fresh", fresh))
-                fresh += 1
-        self.num_fresh = fresh
-        self.tensor_args = tuple(
-            i for i, a in enumerate(schema.arguments) if str(a.type) in ("Tensor", "Optional[Tensor]")
-        )
-        self._defaults = [(a.name, _schema_default(a) if a.has_default_value() else None) for a in schema.arguments]
-        self.generator_index = next((i for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)), None)
-
-    def bind(self, args: tuple, kwargs: dict) -> list:
-        """All arguments in schema order; omitted ones take their schema defaults
-        (torch drops trailing arguments equal to their defaults before calling us)."""
-        bound = list(args)
-        for name, default in self._defaults[len(args) :]:
-            bound.append(kwargs.get(name, default))
-        return bound
-
-
-# Schema defaults of ScalarType arguments are c10::ScalarType enum values (`dtype=4`).
-_SCALAR_TYPES = {
-    0: torch.uint8,
-    1: torch.int8,
-    2: torch.int16,
-    3: torch.int32,
-    4: torch.int64,
-    5: torch.float16,
-    6: torch.float32,
-    7: torch.float64,
-    9: torch.complex64,
-    10: torch.complex128,
-    11: torch.bool,
-    15: torch.bfloat16,
-}
-
-
-def _schema_default(arg):
-    value = arg.default_value
-    if isinstance(value, int) and "ScalarType" in str(arg.real_type):
-        return _SCALAR_TYPES[value]
-    return value
-
-
 class _Entry:
     __slots__ = ("fresh_meta", "mutable_shapes", "mutable_specs", "out_tree", "run")
 
@@ -239,28 +174,18 @@ class _Entry:
         self.mutable_specs = None  # (dtype, length) of each new mutable-arg buffer, set when traced
 
 
-def _flatten_values(values) -> list:
-    flat: list = []
-    for v in values:
-        if isinstance(v, (list, tuple)):
-            flat.extend(v)
-        else:
-            flat.append(v)
-    return flat
+def _mutable_tensors(plan: OpPlan, bound: list) -> list[torch.Tensor | None]:
+    return flatten_values([bound[i] for i in plan.mutable])
 
 
-def _mutable_tensors(plan: _OpPlan, bound: list) -> list[torch.Tensor | None]:
-    return _flatten_values([bound[i] for i in plan.mutable])
-
-
-def _fresh_meta(plan: _OpPlan, meta_result) -> list:
+def _fresh_meta(plan: OpPlan, meta_result) -> list:
     results = meta_result if isinstance(meta_result, tuple) else (meta_result,)
     if len(plan.returns) == 0:
         results = ()
     return [results[i] for i, (kind, _) in enumerate(plan.returns) if kind == "fresh"]
 
 
-def _storage_aliases(plan: _OpPlan, bound: list) -> tuple[int, ...] | None:
+def _storage_aliases(plan: OpPlan, bound: list) -> tuple[int, ...] | None:
     """For each mutable tensor, the first mutable tensor sharing its storage (e.g.
     _foreach_add_ on views of one base), or None when no two share one."""
     if len(plan.mutable) == 1 and not isinstance(bound[plan.mutable[0]], (list, tuple)):
@@ -272,23 +197,22 @@ def _storage_aliases(plan: _OpPlan, bound: list) -> tuple[int, ...] | None:
     return tuple(groups) if any(g != i for i, g in enumerate(groups)) else None
 
 
-def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=None) -> _Entry:
+def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=None) -> _Entry:
     counter = [0]
     template = [_template(v, call, counter) for v in bound]
     meta_args = [_meta_device(_substitute(v, _meta_tensor)) for v in template]
     try:
-        meta_result = _call_schema(plan.op, plan, meta_args)
+        meta_result = call_schema(plan.op, plan, meta_args)
     except Exception as meta_error:
         _raise_cpu_error(plan, lowering, template, meta_error)
     fresh_meta = _fresh_meta(plan, meta_result)
-    mutable_slots = _flatten_values([template[i] for i in plan.mutable])
+    mutable_slots = flatten_values([template[i] for i in plan.mutable])
     for slot in mutable_slots:
         if isinstance(slot, _TensorSlot):
             check_no_internal_overlap(slot.geom)
     fn = lowering.fn
-    functional_names = [n for n in plan.arg_names if n not in plan.out_names]
     mutable_shapes = [
-        None if m is None else tuple(m.shape) for m in _flatten_values([meta_args[i] for i in plan.mutable])
+        None if m is None else tuple(m.shape) for m in flatten_values([meta_args[i] for i in plan.mutable])
     ]
     entry = _Entry(None, fresh_meta, mutable_shapes)
     tensor_slots: list[_TensorSlot] = []
@@ -302,31 +226,14 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
         values = [_substitute(v, materialize) for v in template]
         # Sharded (N-D) buffers in, N-D buffers out: a flat output would drop a per-dim sharding.
         keep_shape = any(inputs[slot.index].ndim != 1 for slot in tensor_slots)
-        pos, kw = [], {}
-        for name, value in zip(plan.arg_names, values):
-            if name not in functional_names:
-                continue
-            if name in plan.kwarg_only:
-                kw[name] = value
-            elif kw:
-                kw[name] = value
-            else:
-                pos.append(value)
-        if rng is not None:
-            kw["rng"] = rng
-        if plan.generator_index is not None:
-            kw.pop(plan.arg_names[plan.generator_index], None)
-            if len(pos) > plan.generator_index:
-                pos = pos[: plan.generator_index]
-        result = fn(*pos, **kw)
-        result = list(result) if isinstance(result, (tuple, list)) else [result]
+        result = call_lowering(fn, plan, values, rng)
         if plan.derived:
             # A list-returning functional op (_foreach_*) gives ([values],): flatten it.
-            fresh, mutated = [], _flatten_values(result)
+            fresh, mutated = [], flatten_values(result)
         else:
             fresh, mutated = result[: plan.num_fresh], result[plan.num_fresh :]
-            mutated = _flatten_values(mutated)
-        fresh_out = [_conform_tree(v, m, plan.op, keep_shape) for v, m in zip(fresh, fresh_meta)]
+            mutated = flatten_values(mutated)
+        fresh_out = [conform_tree(v, m, plan.op, keep_shape) for v, m in zip(fresh, fresh_meta)]
         new_buffers = []
         latest = {}  # storage group -> its buffer with the writes so far
         for k, (slot, value) in enumerate(zip(mutable_slots, mutated)):
@@ -350,22 +257,6 @@ def _build(plan: _OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=
     return entry
 
 
-def _conform_tree(value, meta, op, keep_shape: bool = False):
-    if isinstance(meta, (list, tuple)):
-        return [_conform_tree(v, m, op, keep_shape) for v, m in zip(value, meta)]
-    if meta is None or value is None:
-        return None
-    value = jnp.asarray(value)
-    dtype = TORCH_TO_NUMPY[meta.dtype]
-    if value.dtype != dtype:
-        value = value.astype(dtype)
-    if tuple(value.shape) != tuple(meta.shape):
-        raise AssertionError(
-            f"torch_tpu lowering of {op} produced shape {tuple(value.shape)}, expected {tuple(meta.shape)}"
-        )
-    return value if keep_shape else value.reshape(-1)
-
-
 def _factory_device(bound: list) -> int:
     for v in bound:
         if isinstance(v, torch.device):
@@ -373,7 +264,7 @@ def _factory_device(bound: list) -> int:
     return _C._current_device()
 
 
-def _raise_cpu_error(plan: _OpPlan, lowering: Lowering, template: list, meta_error: Exception):
+def _raise_cpu_error(plan: OpPlan, lowering: Lowering, template: list, meta_error: Exception):
     """Meta kernels (often Python refs) word errors differently from CPU: raise CPU's
     own error for the same call on small CPU stand-ins, if it has one."""
 
@@ -392,31 +283,10 @@ def _raise_cpu_error(plan: _OpPlan, lowering: Lowering, template: list, meta_err
         args = [on_cpu(_substitute(v, stand_in)) for v in template]
         try:
             with torch.random.fork_rng(devices=[]):  # a random op must not move CPU's generator
-                _call_schema(plan.op, plan, args)
+                call_schema(plan.op, plan, args)
         except Exception as cpu_error:
             raise cpu_error from None
     raise meta_error
-
-
-def _call_schema(op: OpOverload, plan: _OpPlan, bound: list):
-    pos, kw = [], {}
-    for name, value in zip(plan.arg_names, bound):
-        if name in plan.kwarg_only or kw:
-            kw[name] = value
-        else:
-            pos.append(value)
-    return op(*pos, **kw)
-
-
-def _generator_key(plan: _OpPlan, call: _Call, device: int):
-    seed, offset = _C._reserve_random(call.generator, device, 1)
-    return np.array([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32)
-
-
-def _key_from_data(data):
-    key = jax.random.wrap_key_data(data[:2], impl="threefry2x32")
-    key = jax.random.fold_in(key, data[2])
-    return jax.random.fold_in(key, data[3])
 
 
 def _describe(sig: tuple) -> str:
@@ -427,7 +297,7 @@ def _describe(sig: tuple) -> str:
 
 def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     """The PrivateUse1 kernel of `op`, registered with torch.library."""
-    plan = _OpPlan(op, derived)
+    plan = OpPlan(op, derived)
     if lowering.eager:
         return lowering.fn
     check = lowering.check
@@ -460,7 +330,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         device = call.device if call.device is not None else _factory_device(bound)
         rng = None
         if lowering.random:
-            rng = _key_from_data_jit(_generator_key(plan, call, device))
+            rng = key_from_data_jit(key_data(call.generator, device, 1)[0])
         try:
             flat = entry.run(call.inputs, rng)
         except jax.errors.JaxRuntimeError as error:
@@ -487,10 +357,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     return kernel
 
 
-_key_from_data_jit = jax.jit(_key_from_data)
-
-
-def _resize_out_args(plan: _OpPlan, bound: list, entry: _Entry) -> bool:
+def _resize_out_args(plan: OpPlan, bound: list, entry: _Entry) -> bool:
     """Resizes out= tensors to the result shapes, as CPU does. True if any changed."""
     changed = False
     for t, shape in zip(_mutable_tensors(plan, bound), entry.mutable_shapes):
