@@ -16,122 +16,20 @@ function with that static size.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
+from torch_tpu.ops.checks import check_ranges, lower_checked, out_of_bounds, range_check, to_host
 from torch_tpu.ops.dtypes import type_name
-from torch_tpu.ops.registry import Lowering, aten, inplace_variant, lower, out_variant
+from torch_tpu.ops.registry import Lowering, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
-from torch_tpu.runtime.global_arrays import host_value
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool, torch.uint8)
-
-
-# ---- host-side checks -------------------------------------------------------------
-
-
-@jax.jit
-def _minmax(arrays):
-    return jnp.stack([jnp.stack([jnp.min(a).astype(jnp.int64), jnp.max(a).astype(jnp.int64)]) for a in arrays])
-
-
-def _host(array) -> np.ndarray:
-    metrics.bump("host_transfers")
-    return host_value(array)
-
-
-def index_bounds(index: torch.Tensor) -> tuple[int, int]:
-    """(min, max) of a non-empty integer tpu tensor: one host sync."""
-    metrics.bump("executions")
-    lo, hi = _host(_minmax((to_jax(index),)))[0]
-    return int(lo), int(hi)
-
-
-def _check_ranges(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]]) -> None:
-    """Raises `error(value)` for the first index outside [low, high); one sync."""
-    checks = [c for c in checks if c[0].numel() > 0 and not c[0].is_floating_point() and c[0].dtype != torch.bool]
-    if not checks:
-        return
-    device = [c for c in checks if c[0].device.type != "cpu"]
-    bounds = {}
-    if device:
-        metrics.bump("executions")
-        values = _host(_minmax(tuple(to_jax(c[0]) for c in device)))
-        bounds = {id(c): values[i] for i, c in enumerate(device)}
-    for c in checks:
-        index, low, high, error = c
-        if index.device.type == "cpu":
-            lo, hi = int(index.min()), int(index.max())
-        else:
-            lo, hi = (int(v) for v in bounds[id(c)])
-        if lo < low or hi >= high:
-            flat = _host(to_jax(index)).reshape(-1) if index.device.type != "cpu" else index.reshape(-1).numpy()
-            bad = (flat < low) | (flat >= high)
-            raise error(int(flat[int(np.argmax(bad))]))
-
-
-def _dim_size(self: torch.Tensor, dim: int) -> tuple[int, int] | None:
-    """(normalized dim, size) as torch sees it (a 0-dim tensor has size 1), or
-    None for a bad dim, which the kernel's meta pass then reports."""
-    ndim = max(self.dim(), 1)
-    if not -ndim <= dim < ndim:
-        return None
-    dim %= ndim
-    return dim, (self.shape[dim] if self.dim() else 1)
-
-
-def _range_check(low_negative: bool, make_error: Callable[[int, int, int], Exception]):
-    """A check of `index` (third argument) against self.size(dim)."""
-
-    def check(self, dim, index, *args, **kwargs):
-        found = _dim_size(self, dim)
-        if found is None or not isinstance(index, torch.Tensor):
-            return
-        d, size = found
-        low = -size if low_negative else 0
-        _check_ranges([(index, low, size, lambda v: make_error(v, d, size))])
-
-    return check
-
-
-def _oob(v, d, size):
-    return RuntimeError(f"index {v} is out of bounds for dimension {d} with size {size}")
-
-
-def lower_checked(op, check: Callable, *, variants: bool = True) -> Callable:
-    """Registers jax function `fn` as `op`'s kernel behind the eager host `check`,
-    and likewise for its in-place and out= variants. `check` raises, or returns
-    None or replacement (args, kwargs) for the kernel."""
-
-    def register(fn: Callable) -> Callable:
-        ops = [(op, False)]
-        if variants:
-            ops += [(v, True) for v in (inplace_variant(op), out_variant(op)) if v is not None]
-        for variant, derived in ops:
-            kernel = dispatcher.make_kernel(variant, Lowering(fn), derived)
-            lower(variant, eager=True)(_guarded(kernel, check, fn))
-        return fn
-
-    return register
-
-
-def _guarded(kernel: Callable, check: Callable, fn: Callable) -> Callable:
-    def run(*args, **kwargs):
-        replaced = check(*args, **kwargs)
-        if replaced is not None:
-            args, kwargs = replaced
-        return kernel(*args, **kwargs)
-
-    run.__name__ = kernel.__name__
-    run.jit_lowering = fn  # the unchecked jax function, for graph compilers
-    return run
 
 
 # ---- sorting (also used by median and mode) --------------------------------------
@@ -242,7 +140,7 @@ def _crop(src, shape):
     return src[tuple(slice(0, n) for n in shape)]
 
 
-@lower_checked(aten.gather.default, _range_check(False, _oob))
+@lower_checked(aten.gather.default, range_check(False, out_of_bounds))
 def gather(x, dim, index, *, sparse_grad=False):
     shape = index.shape
     x, index = _at_least_1d(x, index)
@@ -272,7 +170,7 @@ def _scatter(x, dim, index, src, how: str):
     return out.reshape(shape)
 
 
-_scatter_check = _range_check(False, _oob)
+_scatter_check = range_check(False, out_of_bounds)
 
 
 @lower_checked(aten.scatter.src, _scatter_check)
@@ -335,7 +233,7 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     return out.reshape(shape)
 
 
-@lower_checked(aten.index_reduce.default, _range_check(False, _oob))
+@lower_checked(aten.index_reduce.default, range_check(False, out_of_bounds))
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     """scatter_reduce along `dim` with one index per slice."""
     shape = x.shape
@@ -352,7 +250,7 @@ def _along(axis: int, index):
 
 @lower_checked(
     aten.index_select.default,
-    _range_check(False, lambda v, d, s: IndexError("index out of range in self")),
+    range_check(False, lambda v, d, s: IndexError("index out of range in self")),
 )
 def index_select(x, dim, index):
     if x.ndim == 0:
@@ -373,7 +271,7 @@ def _index_update(x, dim, index, value, how):
     return (ref.max(value) if x.dtype == jnp.bool_ else ref.add(value)).reshape(shape)
 
 
-@lower_checked(aten.index_add.default, _range_check(False, _oob))
+@lower_checked(aten.index_add.default, range_check(False, out_of_bounds))
 def index_add(x, dim, index, source, *, alpha=1):
     if alpha != 1:
         source = source * alpha
@@ -382,7 +280,7 @@ def index_add(x, dim, index, source, *, alpha=1):
 
 @lower_checked(
     aten.index_copy.default,
-    _range_check(
+    range_check(
         False, lambda v, d, s: IndexError(f"index_copy_(): index {v} is out of bounds for dimension {d} with size {s}")
     ),
 )
@@ -390,7 +288,7 @@ def index_copy(x, dim, index, source):
     return _index_update(x, dim, index, source, "set")
 
 
-_index_fill_check = _range_check(
+_index_fill_check = range_check(
     True, lambda v, d, s: IndexError(f"index {v} is out of bounds for dimension {d} with size {s}")
 )
 
@@ -415,7 +313,7 @@ def index_fill_tensor(x, dim, index, value):
 
 def _take_check(self, index, *args, **kwargs):
     n = self.numel()
-    _check_ranges(
+    check_ranges(
         [(index, -n, n, lambda v: IndexError(f"out of range: tried to access index {v} on a tensor of {n} elements."))]
     )
 
@@ -450,7 +348,7 @@ def _count(x, shape=None):
 def _count_true(x, shape: tuple[int, ...] | None = None) -> int:
     """The number of nonzero elements of `x` (broadcast to `shape`): one sync."""
     metrics.bump("executions")
-    return int(_host(_count(x, shape)))
+    return int(to_host(_count(x, shape)))
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
@@ -596,7 +494,7 @@ def _prepare_indices(self: torch.Tensor, indices) -> list:
                     ),
                 )
             )
-    _check_ranges(checks)
+    check_ranges(checks)
     return [t if t is None or t.device == self.device else t.to(self.device) for t in out]
 
 
