@@ -1,7 +1,7 @@
 """One ATen FX graph as one XLA executable.
 
 The graph is lowered node by node through the same lowering table the eager
-dispatcher uses (plus the graph-only ops in graph_ops), traced into one jax
+dispatcher uses (plus the graph-only ops in ops/lowerings/views.py), traced into one jax
 function, and compiled once per concrete input signature: the geometry and
 dtype of every tpu tensor, and the value of every Python number (SymInts are
 static, so a dynamic dimension recompiles per concrete size). Compiles go
@@ -32,11 +32,12 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics
-from torch_tpu.compile import async_compile, donation, graph_ops
+from torch_tpu.compile import async_compile, donation
 from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import host, precision, registry, schema, tensors
+from torch_tpu.ops import precision, registry, schema, tensors
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
+from torch_tpu.ops.lowerings import copies
 from torch_tpu.ops.rng import key_data, key_from_data
 from torch_tpu.runtime import client
 from torch_tpu.runtime.global_arrays import before_program
@@ -109,10 +110,10 @@ def _classify(node: Node, eager_nodes: set[Node]) -> _Lowered | None:
             return None
     if target in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default) and _has_bool_index(node):
         return None  # a bool mask gives a data-dependent shape
-    graph_fn = graph_ops.table().get(target)
+    graph_fn = registry.graph_table().get(target)
     if graph_fn is not None:
         lowered = _Lowered("graph", graph_fn)
-        if graph_ops.is_random(target):
+        if registry.is_graph_random(target):
             lowered.random_index = -1  # numbered by the graph
         return lowered
     lowering = registry.table().get(target)
@@ -249,7 +250,7 @@ class Segment:
             if target.device.type == "tpu":
                 _C._set_buffer(target, new, NUMPY_TO_TORCH[np.dtype(new.dtype)], new.size)
             else:
-                target.copy_(host.jax_to_cpu(new).reshape(target.shape))
+                target.copy_(copies.jax_to_cpu(new).reshape(target.shape))
         return outs
 
     # -- compiling --
@@ -391,7 +392,7 @@ def _rebuild(template, flat: list, device: int):
     if kind == "array":
         _, index, shape, dtype, on_cpu, order = template
         if on_cpu:
-            return host.jax_to_cpu(flat[index]).reshape(shape)
+            return copies.jax_to_cpu(flat[index]).reshape(shape)
         if order is None:
             return _C._wrap(flat[index], list(shape), dtype, device)
         physical = _C._wrap(flat[index], [shape[d] for d in order], dtype, device)

@@ -10,41 +10,16 @@ shape may be symbolic) first, then the node's own arguments, sizes concrete.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import indexing
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
+from torch_tpu.ops.lowerings import indexing
 from torch_tpu.ops.promotion import cast
-from torch_tpu.ops.registry import aten
-
-_TABLE: dict = {}
-_RANDOM: set = set()
-
-
-def graph_lower(*ops, random: bool = False) -> Callable:
-    """Registers a graph-only lowering; a random one receives a jax PRNG key as `rng=`."""
-
-    def register(fn: Callable) -> Callable:
-        for op in ops:
-            _TABLE[op] = fn
-            if random:
-                _RANDOM.add(op)
-        return fn
-
-    return register
-
-
-def is_random(op) -> bool:
-    return op in _RANDOM
-
-
-def table() -> dict:
-    return dict(_TABLE)
+from torch_tpu.ops.registry import aten, graph_lower
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -217,10 +192,3 @@ def sym_numel(out, x):
 @graph_lower(aten._assert_tensor_metadata.default, aten._assert_scalar.default)
 def no_op(out, *args, **kwargs):
     return None
-
-
-def is_graph_only(op) -> bool:
-    return op in _TABLE
-
-
-__all__ = ["graph_lower", "is_graph_only", "is_random", "table"]

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
-from torch_tpu.ops.elementwise import _digamma
+from torch_tpu.ops.lowerings.elementwise import _digamma
 from torch_tpu.ops.promotion import to_float
 from torch_tpu.ops.registry import aten, lower
 
