@@ -9,7 +9,7 @@ from jax import lax
 
 from torch_tpu.ops.dtypes import opmath, to_numpy_dtype, to_torch_dtype, type_name
 
-_PYTHON_SCALARS = (bool, int, float, complex)
+PYTHON_SCALARS = (bool, int, float, complex)
 
 
 def _to_complex(dtype: torch.dtype) -> torch.dtype:
@@ -55,7 +55,7 @@ def _wrapped_dtype(x) -> torch.dtype:
 
 def _is_wrapped(x) -> bool:
     """Python scalars and weakly typed traced scalars (CPU 0-dim tensors, `x + 2`)."""
-    return isinstance(x, _PYTHON_SCALARS) or bool(getattr(x, "weak_type", False))
+    return isinstance(x, PYTHON_SCALARS) or bool(getattr(x, "weak_type", False))
 
 
 def result_dtype(*operands) -> np.dtype:
@@ -77,7 +77,7 @@ def cast(x, dtype: np.dtype):
     """`x` (array or Python scalar) converted to `dtype`, wrapping ints as C casts do."""
     if x is None:
         return None
-    if isinstance(x, _PYTHON_SCALARS):
+    if isinstance(x, PYTHON_SCALARS):
         x = np.asarray(x)
     if x.dtype == np.bool_ and jnp.issubdtype(dtype, jnp.inexact):
         # Via uint8: XLA rewrites convert(pred) / y as select(pred, 1 / y, 0), losing 0 / 0 = nan.
@@ -109,7 +109,7 @@ def to_float(*operands):
     return [cast(x, dtype) for x in operands]
 
 
-def _float_args(*operands):
+def float_args(*operands):
     """Operands promoted, in opmath (floats only: the op rejects other dtypes)."""
     dtype = opmath(result_dtype(*operands))
     return [cast(x, dtype) for x in operands]
@@ -124,13 +124,13 @@ def require(name: str, dtype: np.dtype, *, bool_ok=True, int_ok=True, float_ok=T
 
 
 # The error CPU raises for bool operands of sub and relu: NotImplementedError from torch 2.14 on.
-_BOOL_UNSUPPORTED = (
+BOOL_UNSUPPORTED = (
     NotImplementedError if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14) else RuntimeError
 )
 
 
-def _any_bool(*operands) -> bool:
+def any_bool(*operands) -> bool:
     return any(
-        isinstance(x, bool) or (not isinstance(x, _PYTHON_SCALARS) and x is not None and x.dtype == np.bool_)
+        isinstance(x, bool) or (not isinstance(x, PYTHON_SCALARS) and x is not None and x.dtype == np.bool_)
         for x in operands
     )

@@ -21,7 +21,7 @@ from jax import lax
 from torch_tpu import metrics
 from torch_tpu.ops.checks import index_bounds
 from torch_tpu.ops.dtypes import to_numpy_dtype, type_name
-from torch_tpu.ops.lowerings.indexing import sort_along
+from torch_tpu.ops.lowerings.sorting import sort_along
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
 

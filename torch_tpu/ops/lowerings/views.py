@@ -176,7 +176,7 @@ def randn_like(out, x, *, rng, **kwargs):
 @graph_lower(aten.index_put.default)
 def index_put(out, x, indices, values, accumulate=False):
     """Integer indices only (the graph compiler runs bool masks eagerly)."""
-    return indexing._index_put(x, indices, values, accumulate)
+    return indexing.put_values(x, indices, values, accumulate)
 
 
 @graph_lower(aten.sym_size.int)
