@@ -64,13 +64,6 @@ def _acc(x):
     return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
-def _keep(value, x, axes: tuple[int, ...], keepdim: bool):
-    """`value` reduced over `axes` of `x`, reshaped for keepdim."""
-    if keepdim:
-        return value.reshape([1 if d in axes else s for d, s in enumerate(x.shape)])
-    return value
-
-
 # ---- sum, mean, prod ---------------------------------------------------------
 
 
