@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tpu
 from examples.mingpt.model import GPT, GPTConfig
-from torch_tpu.ops import linalg
+from torch_tpu.ops.lowerings import linalg
 
 # Where CUDA's policy (tpu's) and CPU's differ in minGPT, the dtype CUDA's gives: softmax and
 # layer_norm run in float32 on CUDA (bfloat16 on CPU); cross_entropy's log_softmax gets an explicit
