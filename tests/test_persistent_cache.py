@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import random
+import select
 import shutil
 import signal
 import struct
@@ -375,23 +376,33 @@ def test_kill_9_while_writing_never_corrupts(tmp_path):
     """20 writers killed at random points while writing entries: every entry left is whole,
     and the next process removes their temporaries."""
     rng = random.Random(0)
-    values = {f"k{i}": os.urandom(1 << 20) for i in range(8)}
+    values = {f"k{i}": os.urandom(256 << 10) for i in range(8)}
     torn = 0  # rounds whose writer died mid-write (its temporary left behind)
     for _ in range(_KILL_ROUNDS):
+        ready_r, ready_w = os.pipe()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # jax's fork warning: the child uses no jax
             pid = os.fork()
         if pid == 0:  # the writer: no jax, no torch, only the store's file writes
             try:
                 store = Store(tmp_path, max_bytes=1 << 40)
+                first = True
                 while True:
                     for k, v in values.items():
                         store.put(k, v)
+                        if first:
+                            os.write(ready_w, b"1")  # writing: the parent may kill from now on
+                            first = False
             finally:
                 os._exit(1)
-        time.sleep(rng.uniform(0.01, 0.2))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        os.close(ready_w)
+        try:
+            select.select([ready_r], [], [], 120)
+            time.sleep(rng.uniform(0.0, 0.05))
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(ready_r)
         torn += bool(list(tmp_path.glob(".*.tmp.*")))
     print(f"{torn} of {_KILL_ROUNDS} writers killed mid-write")
     store = Store(tmp_path)

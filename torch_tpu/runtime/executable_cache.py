@@ -197,8 +197,8 @@ class FirstCall:
 
 
 def _leaf_signature(x):
-    if type(x) is _ArrayImpl:
-        return (x.shape, x.dtype, x.weak_type, x.sharding)
+    if type(x) is _ArrayImpl:  # committed or not: a Compiled's outputs keep what it was compiled with
+        return (x.shape, x.dtype, x.weak_type, x.sharding, x._committed)
     if isinstance(x, (np.ndarray, np.generic)):
         return ("np", x.shape, x.dtype)
     if isinstance(x, (bool, int, float, complex)):
@@ -207,10 +207,10 @@ def _leaf_signature(x):
 
 
 def _leaf_text(sig) -> str | None:
-    if isinstance(sig, tuple) and len(sig) == 4:
-        shape, dtype, weak, sharding = sig
+    if isinstance(sig, tuple) and len(sig) == 5:
+        shape, dtype, weak, sharding, committed = sig
         place = sharding_text(sharding)
-        return None if place is None else f"{dtype}{list(shape)}{'w' if weak else ''} {place}"
+        return None if place is None else f"{dtype}{list(shape)}{'w' if weak else ''} {place} {committed}"
     return repr(sig)
 
 
