@@ -23,6 +23,7 @@ _LOWERING_MODULES = (
     "optim",
     "amp",
     "polygamma",
+    "attention",
 )
 
 _libraries: list[torch.library.Library] = []
