@@ -24,6 +24,8 @@ _LOWERING_MODULES = (
     "amp",
     "polygamma",
     "attention",
+    "histogram",
+    "grouped_mm",
 )
 
 _libraries: list[torch.library.Library] = []
