@@ -26,6 +26,7 @@ _LOWERING_MODULES = (
     "attention",
     "histogram",
     "grouped_mm",
+    "streams",
 )
 
 _libraries: list[torch.library.Library] = []
