@@ -14,8 +14,8 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torch_tpu.ops import linalg, nn
+from torch_tpu.ops.lowerings import linalg, normalization
 from torch_tpu.ops.registry import aten, lower
 
 # at::native mask types of _masked_softmax
@@ -124,7 +124,7 @@ def native_multi_head_attention(
 
 
 def _layer_norm(x, weight, bias, eps):
-    return nn.native_layer_norm(x, (x.shape[-1],), weight, bias, eps)[0].astype(x.dtype)
+    return normalization.native_layer_norm(x, (x.shape[-1],), weight, bias, eps)[0].astype(x.dtype)
 
 
 def _ffn(x, w1, b1, w2, b2, use_gelu):
