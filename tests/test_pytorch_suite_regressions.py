@@ -97,10 +97,17 @@ def test_complex32_tensor():
     assert x.to(TPU).dtype == torch.chalf
 
 
-@xfail("torch.rand/randn with a complex dtype raises in the uniform lowering")
-def test_rand_complex128():
-    x = torch.rand(4, dtype=torch.complex128, device=TPU)
-    assert x.dtype == torch.complex128 and x.shape == (4,)
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_rand_complex(dtype):
+    # Was: "dtype argument to `uniform` must be a float dtype" (test_shape_ops test_sparse_dense_dim).
+    x = torch.rand(4000, dtype=dtype, device=TPU).cpu()
+    assert x.dtype == dtype and x.shape == (4000,)
+    for part in (x.real, x.imag):
+        assert 0 <= part.min() and part.max() < 1
+        assert abs(part.mean().item() - 0.5) < 0.05
+    assert not torch.equal(x.real, x.imag)
+    y = torch.empty(3000, dtype=dtype, device=TPU).uniform_(-2, 3).cpu()
+    assert -2 <= y.real.min() and y.imag.max() < 3 and abs(y.imag.mean().item() - 0.5) < 0.2
 
 
 @xfail("quantized tensors are unsupported on tpu (test_view_ops test_ravel/test_flatten, test_shape_ops test_flip)")
