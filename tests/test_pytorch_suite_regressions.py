@@ -6,6 +6,7 @@ their reason, so a fix flips them to XPASS and fails the run until the mark is r
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -139,6 +140,21 @@ def test_out_on_another_device_raises():
     t = torch.tensor([0, 1, 1, 0], device=TPU)
     with pytest.raises(RuntimeError, match="same device"):
         torch.nonzero(t, out=torch.empty(0, dtype=torch.long))
+
+
+def _byte_mask_warnings(device: str) -> list[str]:
+    mask = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=device)
+    x = torch.arange(16.0, device=device).view(4, 4)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        x.index_put_((mask,), x[mask], accumulate=True)
+        x[mask] = torch.tensor([3.0, 4.0, 5.0, 6.0], device=device)
+    return [str(m.message).split(" (Triggered")[0] for m in w if "uint8" in str(m.message)]
+
+
+def test_byte_mask_deprecation_warning_as_cpu():
+    # Was: no warning on tpu (test_indexing test_byte_mask_accumulate, test_byte_tensor_assignment).
+    assert _byte_mask_warnings(TPU) == _byte_mask_warnings("cpu")
 
 
 # ---- what passes now (guards against regressions in the classes above)
