@@ -142,6 +142,15 @@ def test_out_on_another_device_raises():
         torch.nonzero(t, out=torch.empty(0, dtype=torch.long))
 
 
+@xfail("index_fill_ of a float tensor with a complex scalar drops the imaginary part; CPU raises (test_indexing)")
+def test_index_fill_complex_scalar_into_float_raises():
+    x = torch.tensor([[1.0, 2.0], [4.0, 5.0]])
+    with pytest.raises(RuntimeError, match="complex Scalar"):
+        x.index_fill_(1, torch.tensor([0]), 1 + 1j)
+    with pytest.raises(RuntimeError, match="complex Scalar"):
+        x.to(TPU).index_fill_(1, torch.tensor([0], device=TPU), 1 + 1j)
+
+
 def _byte_mask_warnings(device: str) -> list[str]:
     mask = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=device)
     x = torch.arange(16.0, device=device).view(4, 4)
