@@ -545,6 +545,8 @@ class GraphRunner:
     def __call__(self, *args) -> list:
         if len(args) == 1 and type(args[0]) is list:  # boxed: one list, which we may clear
             args = args[0]
+        if dispatcher.lazy is not None:  # lazy mode: run what is recorded, the graph reads it
+            dispatcher.lazy.flush()
         env: dict[Node, Any] = dict(zip(self.placeholders, args))
         env.update(self.constants)
         if type(args) is list:

@@ -37,6 +37,9 @@ _cache = ExecutableCache()
 # place_inputs(inputs, bound) moves a call's single-device inputs onto the mesh of its sharded
 # ones (jax.jit refuses mixed device sets); keep_layout(old, new) keeps a written tensor's sharding.
 spmd = None
+# Set by torch_tpu/compile/lazy.py in lazy mode: record(entry, inputs, rng_data, device) records
+# the op and gives pending buffers; concrete(inputs) runs pending ones (for an op run eagerly).
+lazy = None
 
 
 class _TensorSlot:
@@ -269,10 +272,12 @@ def _schema_default(arg):
 
 
 class _Entry:
-    __slots__ = ("fresh_meta", "mutable_shapes", "mutable_specs", "out_tree", "run")
+    __slots__ = ("compiled", "fresh_meta", "lazy_avals", "mutable_shapes", "mutable_specs", "out_tree", "run")
 
     def __init__(self, run, fresh_meta, mutable_shapes):
         self.run = run
+        self.compiled = False  # run has been called (jax compiled it); lazy mode only traces it
+        self.lazy_avals = None  # the flat results' shapes, for lazy mode
         self.fresh_meta = fresh_meta
         self.mutable_shapes = mutable_shapes  # meta shapes of mutable args after the op
         self.out_tree = None
@@ -501,23 +506,22 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
             if plan.out_names and _resize_out_args(plan, bound, entry):
                 return kernel(*args, **kwargs)
             _cache.put(key, entry)
-            metrics.bump("op_compiles")
             if debug.enabled():
                 debug.log("compile", f"{op} for {_describe(sig)}")
-        else:
-            metrics.bump("op_cache_hits")
         device = call.device if call.device is not None else _factory_device(bound)
-        rng = None
-        if lowering.random:
-            rng = _key_from_data_jit(_generator_key(plan, call, device))
-        try:
-            flat = entry.run(call.inputs, rng)
-        except jax.errors.JaxRuntimeError as error:
-            memory.raise_if_out_of_memory(error, device, str(op))
-            raise
-        if compile_start is not None:  # jax.jit traces and compiles on the first call
-            metrics.record_compile("op", time.perf_counter() - compile_start)
-        metrics.bump("executions")
+        if lazy is not None and spmd is None:
+            rng_data = _generator_key(plan, call, device) if lowering.random else None
+            flat = lazy.record(entry, call.inputs, rng_data, device)
+        else:
+            if lazy is not None:
+                call.inputs = lazy.concrete(call.inputs)
+            if entry.compiled:
+                metrics.bump("op_cache_hits")
+            else:
+                entry.compiled = True
+                metrics.bump("op_compiles")
+                compile_start = compile_start or time.perf_counter()
+            flat = _execute(entry, lowering, plan, call, device, compile_start, op)
         fresh_values, new_buffers = jax.tree_util.tree_unflatten(entry.out_tree, flat)
         fresh = [_wrap_tree(v, m, device) for v, m in zip(fresh_values, entry.fresh_meta)]
         for t, buf, spec in zip(_mutable_tensors(plan, bound), new_buffers, entry.mutable_specs):
@@ -534,6 +538,21 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
 
     kernel.__name__ = f"tpu_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
+
+
+def _execute(entry: _Entry, lowering: Lowering, plan: _OpPlan, call: _Call, device: int, compile_start, op) -> list:
+    rng = None
+    if lowering.random:
+        rng = _key_from_data_jit(_generator_key(plan, call, device))
+    try:
+        flat = entry.run(call.inputs, rng)
+    except jax.errors.JaxRuntimeError as error:
+        memory.raise_if_out_of_memory(error, device, str(op))
+        raise
+    if compile_start is not None:  # jax.jit traces and compiles on the first call
+        metrics.record_compile("op", time.perf_counter() - compile_start)
+    metrics.bump("executions")
+    return flat
 
 
 _key_from_data_jit = jax.jit(_key_from_data)
@@ -571,7 +590,9 @@ def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) ->
     """A new tpu tensor holding `array` (used by eager lowerings)."""
     if dtype is None:
         dtype = _NUMPY_TO_TORCH[np.dtype(array.dtype)]
-    elif array.dtype != to_numpy_dtype(dtype):
+    if lazy is not None and lazy.pending(array):
+        return lazy.wrap(array, device, dtype)
+    if array.dtype != to_numpy_dtype(dtype):
         array = array.astype(to_numpy_dtype(dtype))
     sharded = spmd is not None and len(array.sharding.device_set) > 1
     buf = array if sharded else reshape(array, (-1,))  # a sharded array keeps its shape
@@ -608,6 +629,8 @@ def to_jax(t: torch.Tensor) -> jax.Array:
 
 def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     """Writes `value` into the tpu tensor `t` (a view writes through to its base)."""
+    if lazy is not None and lazy.pending(value):
+        return lazy.write(t, value)
     buf = buffer_of(t)
     g = tensor_geometry(t, buf)
     if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:

@@ -16,7 +16,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops import precision
+from torch_tpu.ops import dispatcher, precision
 from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
 from torch_tpu.ops.registry import aten, lower
 
@@ -273,6 +273,9 @@ def _run_per_scalar(name, self, others, scalars):
         return []
     if any(not t.is_floating_point() for t in self) and any(isinstance(v, float) for v in _as_values(scalars)):
         raise RuntimeError("result type Float can't be cast to the desired output type " + str(self[0].dtype))
+    if dispatcher.lazy is not None:  # lazy mode: recorded, not run
+        lists = [[dispatcher.lazy.read(t) for t in ts] for ts in (self, *others)]
+        return dispatcher.lazy.call(_per_scalar_step, (name,), lists, _scalar_array(scalars, self))
     lists = [[to_jax(t) for t in ts] for ts in (self, *others)]
     metrics.bump("executions")
     return _per_scalar_step(name, lists, _scalar_array(scalars, self))
