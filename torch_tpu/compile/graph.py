@@ -32,7 +32,7 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics
-from torch_tpu.compile import async_compile, donation, graph_ops
+from torch_tpu.compile import async_compile, buckets, donation, graph_ops
 from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import dispatcher, host, precision, registry
 from torch_tpu.ops import geometry as geo
@@ -477,6 +477,11 @@ class GraphRunner:
         self.num_random = sum(
             1 for s in self.steps if isinstance(s, Segment) for n in s.nodes if s.lowered[n].random_index is not None
         )
+        # Symbolic sizes: run at bucketed sizes where every op pads safely (compile/buckets.py).
+        opts = options or compile_options.DEFAULT
+        self.buckets = (
+            buckets.Buckets(self, opts) if opts.dynamic_buckets != () and buckets.Buckets.applies(self) else None
+        )
 
     def _partition(self, graph) -> None:
         lowered: dict[Node, _Lowered] = {}
@@ -547,6 +552,12 @@ class GraphRunner:
             args = args[0]
         if dispatcher.lazy is not None:  # lazy mode: run what is recorded, the graph reads it
             dispatcher.lazy.flush()
+        if self.buckets is not None:
+            outs = self.buckets(list(args))
+            if outs is not None:
+                if type(args) is list:
+                    args.clear()
+                return outs
         env: dict[Node, Any] = dict(zip(self.placeholders, args))
         env.update(self.constants)
         if type(args) is list:
