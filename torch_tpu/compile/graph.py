@@ -4,7 +4,8 @@ The graph is lowered node by node through the same lowering table the eager
 dispatcher uses (plus the graph-only ops in graph_ops), traced into one jax
 function, and compiled once per concrete input signature: the geometry and
 dtype of every tpu tensor, and the value of every Python number (SymInts are
-static, so a dynamic dimension recompiles per concrete size). Compiles go
+static: a graph with symbolic sizes runs at bucketed sizes where its ops pad
+safely, compile/buckets.py, and else recompiles per concrete size). Compiles go
 through jax's compile path and so through the persistent cache.
 
 Nodes no jax function covers (data-dependent ops, unlowered ops) split the
