@@ -222,6 +222,16 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
 _LAYER_NORM = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backward.default: (1, 2)}
 
 
+_WHOLE = {aten.all.default, aten.prod.default, aten.mean.default}  # reduce all dims; args[1] is not a dim
+
+
+def _reduced_dims(node: Node):
+    """The `dim` argument of a reduction (None: all dims)."""
+    if node.target in _WHOLE:
+        return None
+    return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+
+
 def _lowest(dt):
     return -jnp.inf if jnp.issubdtype(dt, jnp.floating) else jnp.iinfo(dt).min
 
@@ -332,7 +342,7 @@ def _rule(node: Node, shapes: _Shapes, sym_nodes: set[Node]) -> str | None:
     x_pad = padded_in.get(x, set()) if isinstance(x, Node) else set()
     ndim = len(shapes.of(x)[0]) if isinstance(x, Node) and shapes.of(x) is not None else 0
     if target in _IDENTITY or target in _MEAN:
-        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = _reduced_dims(node)
         reduced = _norm_dims(dims, ndim) & x_pad
         if not reduced:
             return None
@@ -623,7 +633,7 @@ class Buckets:
                 else:
                     value = segment._evaluate(node, env, None)
                 if rule == "mean":
-                    value = value * _mean_scale(node, shapes, valid)
+                    value = (value * _mean_scale(node, shapes, valid)).astype(value.dtype)
                 env[node] = _mask_all(value, node, shapes, valid)
             flat: list = []
             plan.templates = [_template(env, a, flat, shapes) for a in runner.output.args[0]]
@@ -684,7 +694,7 @@ def _mask_all(value, node: Node, shapes: _Shapes, valid: dict):
 
 def _mean_scale(node: Node, shapes: _Shapes, valid: dict):
     x = node.args[0]
-    dims = node.args[1] if len(node.args) > 1 else None
+    dims = _reduced_dims(node)
     padded_sizes, exact_sizes = shapes.of(x)
     exprs = _exprs(x.meta["val"])
     scale = 1.0
