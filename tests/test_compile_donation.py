@@ -11,7 +11,7 @@ from torch import nn
 
 import torch_tpu
 from torch_tpu import _C
-from torch_tpu.ops import dispatcher
+from torch_tpu.ops import tensors
 
 # Each test starts with dynamo's caches and the counters cleared (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -81,7 +81,7 @@ def test_donation_off_gives_the_same_numbers_and_buffers():
 def test_a_buffer_something_else_holds_is_copied_not_donated():
     weight = torch.randn(4, 4)
     x = weight.to("tpu")
-    buffer = dispatcher.buffer_of(x)
+    buffer = tensors.buffer_of(x)
     # A second storage holding the very same jax array (as a forwarded graph output would).
     other = _C._wrap(buffer, [4, 4], torch.float32, 0)
     del buffer

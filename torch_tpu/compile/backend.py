@@ -19,7 +19,6 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule
 
 from torch_tpu import debug
-from torch_tpu.compile import graph_ops
 from torch_tpu.compile import options as compile_options
 from torch_tpu.compile.graph import GraphRunner
 from torch_tpu.ops import registry
@@ -42,7 +41,7 @@ _previous_inputs: dict[int, list[str]] = {}  # dynamo frame id -> input descript
 
 
 def _graph_lowerable(op: OpOverload) -> bool:
-    if op in graph_ops.table():
+    if op in registry.graph_table():
         return True
     lowering = registry.table().get(op)
     return lowering is not None and (not lowering.eager or hasattr(lowering.fn, "jit_lowering"))

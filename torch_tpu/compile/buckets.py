@@ -51,8 +51,8 @@ from torch.fx import Node
 
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import options as compile_options
-from torch_tpu.ops import dispatcher, precision
 from torch_tpu.ops import geometry as geo
+from torch_tpu.ops import precision, tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
 
 aten = torch.ops.aten
@@ -567,12 +567,12 @@ class Buckets:
         return [self._rebuild(t, flat, args, exact, device) for t in plan.templates]
 
     def _padded_input(self, p: Node, v: torch.Tensor, padded: dict, exact: dict):
-        buf = dispatcher.buffer_of(v)
+        buf = tensors.buffer_of(v)
         padded_sizes, exact_sizes = _Shapes(padded, exact).of(p)
         dtype = TORCH_TO_NUMPY[v.dtype]
         whole = geo.Geometry(padded_sizes, _contiguous(padded_sizes), 0, dtype, buf.dtype, buf.size)
         if padded_sizes == exact_sizes:
-            return buf, dispatcher.tensor_geometry(v, buf)
+            return buf, tensors.tensor_geometry(v, buf)
         known = _padded_buffers.get(id(buf))
         if (
             known is not None
@@ -586,7 +586,7 @@ class Buckets:
             return buf, whole  # our own padded output: its padding is zero
         debug.log("buckets", f"{self.runner.name}: pads input {p.name} {exact_sizes} -> {padded_sizes}")
         metrics.bump("bucket_pads")
-        new = _pad_fn(dispatcher.tensor_geometry(v, buf), padded_sizes)(buf)
+        new = _pad_fn(tensors.tensor_geometry(v, buf), padded_sizes)(buf)
         return new, geo.Geometry(padded_sizes, _contiguous(padded_sizes), 0, dtype, new.dtype, new.size)
 
     def _compile(self, plan: _Plan, readers: list, dyn: list, signature: tuple):

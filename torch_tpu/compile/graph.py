@@ -1,7 +1,7 @@
 """One ATen FX graph as one XLA executable.
 
 The graph is lowered node by node through the same lowering table the eager
-dispatcher uses (plus the graph-only ops in graph_ops), traced into one jax
+dispatcher uses (plus the graph-only ops in ops/lowerings/views.py), traced into one jax
 function, and compiled once per concrete input signature: the geometry and
 dtype of every tpu tensor, and the value of every Python number (SymInts are
 static: a graph with symbolic sizes runs at bucketed sizes where its ops pad
@@ -33,22 +33,24 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics
-from torch_tpu.compile import async_compile, buckets, donation, graph_ops
+from torch_tpu.compile import async_compile, buckets, donation
 from torch_tpu.compile import options as compile_options
-from torch_tpu.ops import dispatcher, host, precision, registry
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from torch_tpu.ops import precision, registry, schema, tensors
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
+from torch_tpu.ops.lowerings import copies
+from torch_tpu.ops.rng import key_data, key_from_data
 from torch_tpu.runtime import client
 from torch_tpu.runtime.global_arrays import before_program
 
 _warned: set[str] = set()
-_plans: dict[OpOverload, dispatcher._OpPlan] = {}
+_plans: dict[OpOverload, schema.OpPlan] = {}
 
 
-def _plan_of(op: OpOverload) -> dispatcher._OpPlan:
+def _plan_of(op: OpOverload) -> schema.OpPlan:
     plan = _plans.get(op)
     if plan is None:
-        plan = _plans[op] = dispatcher._OpPlan(op, derived=False)
+        plan = _plans[op] = schema.OpPlan(op, derived=False)
     return plan
 
 
@@ -109,10 +111,10 @@ def _classify(node: Node, eager_nodes: set[Node]) -> _Lowered | None:
             return None
     if target in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default) and _has_bool_index(node):
         return None  # a bool mask gives a data-dependent shape
-    graph_fn = graph_ops.table().get(target)
+    graph_fn = registry.graph_table().get(target)
     if graph_fn is not None:
         lowered = _Lowered("graph", graph_fn)
-        if graph_ops.is_random(target):
+        if registry.is_graph_random(target):
             lowered.random_index = -1  # numbered by the graph
         return lowered
     lowering = registry.table().get(target)
@@ -143,47 +145,6 @@ def _weak(value):
     """A Python number given for a Tensor argument, traced as a weakly typed scalar (as eager does)."""
     if isinstance(value, (bool, int, float)) and not isinstance(value, torch.SymInt):
         return jnp.asarray(value)
-    return value
-
-
-def _call_registry(lowered: _Lowered, args: tuple, kwargs: dict, rng):
-    plan = lowered.plan
-    bound = plan.bind(args, kwargs)
-    for i in plan.tensor_args:
-        bound[i] = _weak(bound[i])
-    pos, kw = [], {}
-    for index, (name, value) in enumerate(zip(plan.arg_names, bound)):
-        if name in plan.out_names or index == plan.generator_index:
-            continue
-        if name in plan.kwarg_only or kw:
-            kw[name] = value
-        else:
-            pos.append(value)
-    if rng is not None:
-        kw["rng"] = rng
-    result = lowered.fn(*pos, **kw)
-    # As in the eager dispatcher: the lowering returns its results in a tuple (or one bare array).
-    result = list(result) if isinstance(result, (tuple, list)) else [result]
-    return result[0] if plan.num_fresh == 1 else tuple(result[: plan.num_fresh])
-
-
-def _conform(value, fake, op):
-    """Casts a lowering's result to the dtypes PyTorch's meta run gave, and checks its shapes."""
-    if isinstance(fake, (list, tuple)):
-        values = list(value) if isinstance(value, (list, tuple)) else [value]
-        return type(fake)(_conform(v, f, op) for v, f in zip(values, fake))
-    if not isinstance(fake, torch.Tensor) or value is None:
-        return value
-    value = jnp.asarray(value)
-    dtype = TORCH_TO_NUMPY[fake.dtype]
-    if value.dtype != dtype:
-        value = value.astype(dtype)
-    if len(value.shape) != fake.dim() or any(
-        isinstance(want, int) and got != want for got, want in zip(value.shape, fake.shape)
-    ):
-        raise AssertionError(
-            f"torch_tpu lowering of {op} produced shape {tuple(value.shape)}, expected {tuple(fake.shape)}"
-        )
     return value
 
 
@@ -249,9 +210,9 @@ class Segment:
                             f"devices, tpu:{device} and tpu:{index}!"
                         )
                     if buf is None:
-                        buf = dispatcher.buffer_of(v)
+                        buf = tensors.buffer_of(v)
                     dyn.append(buf)
-                    sig.append(key if key is not None else dispatcher.tensor_geometry(v, buf))
+                    sig.append(key if key is not None else tensors.tensor_geometry(v, buf))
                 elif v.dim() == 0:
                     dyn.append(v.item())
                     sig.append(("cpu0", v.dtype))
@@ -290,7 +251,7 @@ class Segment:
             if target.device.type == "tpu":
                 _C._set_buffer(target, new, NUMPY_TO_TORCH[np.dtype(new.dtype)], new.size)
             else:
-                target.copy_(host.jax_to_cpu(new).reshape(target.shape))
+                target.copy_(copies.jax_to_cpu(new).reshape(target.shape))
         return outs
 
     # -- compiling --
@@ -299,7 +260,7 @@ class Segment:
         readers = []
         for v, key in zip(values, signature):
             if isinstance(v, torch.Tensor) and v.device.type == "tpu":
-                geom = key if isinstance(key, geo.Geometry) else dispatcher.tensor_geometry(v, dispatcher.buffer_of(v))
+                geom = key if isinstance(key, geo.Geometry) else tensors.tensor_geometry(v, tensors.buffer_of(v))
                 readers.append(_Input("buffer", geom))
             elif isinstance(v, torch.Tensor):
                 readers.append(_Input("scalar" if v.dim() == 0 else "array"))
@@ -376,7 +337,7 @@ class Segment:
         fake = _fake(node)
         rng = None
         if lowered.random_index is not None:
-            rng = dispatcher._key_from_data(rng_data[lowered.random_index])
+            rng = key_from_data(rng_data[lowered.random_index])
         if lowered.kind == "graph":
             if rng is not None:
                 kwargs = {**kwargs, "rng": rng}
@@ -384,8 +345,13 @@ class Segment:
         if lowered.kind == "copy_":
             dst = jnp.asarray(args[0])
             return jnp.broadcast_to(jnp.asarray(args[1]).astype(dst.dtype), dst.shape)
-        result = _call_registry(lowered, args, kwargs, rng)
-        return _conform(result, fake, node.target)
+        plan = lowered.plan
+        bound = plan.bind(args, kwargs)
+        for i in plan.tensor_args:
+            bound[i] = _weak(bound[i])
+        result = schema.call_lowering(lowered.fn, plan, bound, rng)
+        result = result[0] if plan.num_fresh == 1 else tuple(result[: plan.num_fresh])
+        return schema.conform_tree(result, fake, node.target, keep_shape=True)
 
 
 def _dense_order(fake, shape: tuple) -> tuple[int, ...] | None:
@@ -427,7 +393,7 @@ def _rebuild(template, flat: list, device: int):
     if kind == "array":
         _, index, shape, dtype, on_cpu, order = template
         if on_cpu:
-            return host.jax_to_cpu(flat[index]).reshape(shape)
+            return copies.jax_to_cpu(flat[index]).reshape(shape)
         if order is None:
             return _C._wrap(flat[index], list(shape), dtype, device)
         physical = _C._wrap(flat[index], [shape[d] for d in order], dtype, device)
@@ -551,8 +517,8 @@ class GraphRunner:
     def __call__(self, *args) -> list:
         if len(args) == 1 and type(args[0]) is list:  # boxed: one list, which we may clear
             args = args[0]
-        if dispatcher.lazy is not None:  # lazy mode: run what is recorded, the graph reads it
-            dispatcher.lazy.flush()
+        if tensors.lazy is not None:  # lazy mode: run what is recorded, the graph reads it
+            tensors.lazy.flush()
         if self.buckets is not None:
             outs = self.buckets(list(args))
             if outs is not None:
@@ -566,17 +532,7 @@ class GraphRunner:
         rng_data = None
         if self.num_random:
             device = next((v.device.index for v in env.values() if isinstance(v, torch.Tensor)), 0) or 0
-            seed, offset = _C._reserve_random(None, device, self.num_random)
-            offsets = offset + np.arange(self.num_random, dtype=np.uint64)
-            rng_data = np.stack(
-                [
-                    np.full(self.num_random, seed & 0xFFFFFFFF, np.uint64),
-                    np.full(self.num_random, seed >> 32, np.uint64),
-                    offsets & 0xFFFFFFFF,
-                    offsets >> 32,
-                ],
-                axis=1,
-            ).astype(np.uint32)
+            rng_data = key_data(None, device, self.num_random)
         for step in self.steps:
             if isinstance(step, Segment):
                 before_program()

@@ -35,9 +35,10 @@ import torch
 
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import options as compile_options
-from torch_tpu.ops import dispatcher
 from torch_tpu.ops import geometry as geo
+from torch_tpu.ops import tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
+from torch_tpu.ops.rng import key_from_data
 from torch_tpu.runtime import client
 
 # A trace longer than this runs at once (a loop that never syncs must not grow without end).
@@ -122,7 +123,7 @@ def set_enabled(on: bool) -> None:
             flush()
         _enabled = on
         _C._set_lazy_recording(on)
-        dispatcher.lazy = _Recorder if on else None
+        tensors.lazy = _Recorder if on else None
 
 
 def enabled() -> bool:
@@ -208,18 +209,18 @@ def _flat(dtype, value):
 def _raw_buffer(t: torch.Tensor):
     info = _C._arg_info(t)  # does not run pending work while recording
     buf = info[1] if info is not None else None
-    return dispatcher.buffer_of(t) if buf is None else buf
+    return tensors.buffer_of(t) if buf is None else buf
 
 
 class _Recorder:
-    """What the dispatcher calls in lazy mode (dispatcher.lazy)."""
+    """What the dispatcher calls in lazy mode (ops/tensors.py's `lazy`)."""
 
     @staticmethod
     def record(entry, inputs: list, rng_data, device: int) -> list[LazyArray]:
         """Records `entry.run(inputs, rng)`; its flat results, as pending buffers."""
         if entry.lazy_avals is None:
             entry.lazy_avals = jax.eval_shape(
-                lambda xs, data: entry.run(xs, None if data is None else dispatcher._key_from_data(data)),
+                lambda xs, data: entry.run(xs, None if data is None else key_from_data(data)),
                 [_aval(x) for x in inputs],
                 rng_data,
             )
@@ -240,13 +241,13 @@ class _Recorder:
     def read(t: torch.Tensor):
         """The value of tpu tensor `t` (shaped), pending."""
         buf = _raw_buffer(t)
-        return _Recorder.call(_read, (dispatcher.tensor_geometry(t, buf),), buf, device=t.device.index)
+        return _Recorder.call(_read, (tensors.tensor_geometry(t, buf),), buf, device=t.device.index)
 
     @staticmethod
     def write(t: torch.Tensor, value) -> None:
         """Writes `value` into `t` (a view writes into its base), pending."""
         buf = _raw_buffer(t)
-        new = _Recorder.call(_write, (dispatcher.tensor_geometry(t, buf),), buf, value, device=t.device.index)
+        new = _Recorder.call(_write, (tensors.tensor_geometry(t, buf),), buf, value, device=t.device.index)
         _C._set_buffer(t, new, t.dtype, new.size)
 
     @staticmethod
@@ -321,7 +322,7 @@ def _replay(records: list, outputs: list[int]):
         values: dict = {}
         for entry, wiring, rng, first in records:
             inputs = [leaves[k] if kind == 0 else values[k] for kind, k in wiring]
-            key = None if rng is None else dispatcher._key_from_data(rngs[rng])
+            key = None if rng is None else key_from_data(rngs[rng])
             for j, v in enumerate(entry.run(inputs, key)):
                 values[first + j] = v
         return [values[v] for v in outputs]

@@ -24,7 +24,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from torch_tpu.distributed import multihost
-from torch_tpu.ops.dispatcher import to_jax, write_jax
+from torch_tpu.ops.tensors import to_jax, write_jax
 from torch_tpu.runtime import client
 
 AXIS = "ranks"

@@ -130,7 +130,7 @@ def place(value: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
 
 def local_shards(tensor: torch.Tensor) -> list[tuple[tuple[slice, ...], torch.Tensor]]:
     """(index into the global tensor, CPU copy of the shard) for each of this process's shards."""
-    from torch_tpu.ops.dispatcher import buffer_of
+    from torch_tpu.ops.tensors import buffer_of
 
     buf = buffer_of(tensor)
     return [(s.index, torch.from_numpy(np.asarray(s.data).copy())) for s in buf.addressable_shards]

@@ -21,12 +21,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from torch_tpu import _C, debug
 from torch_tpu.distributed import multihost
 from torch_tpu.distributed.mesh import Mesh
-from torch_tpu.ops import dispatcher
-from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
+from torch_tpu.ops import dispatcher, spmd, tensors
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 
 SpecEntry = str | Sequence[str] | None
-
-_NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
 
 
 def _normalize_spec(tensor: torch.Tensor, mesh: Mesh, spec: Sequence[SpecEntry]) -> tuple:
@@ -69,10 +67,10 @@ def mark_sharding(tensor: torch.Tensor, mesh: Mesh, spec: Sequence[SpecEntry]) -
     whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
     if tensor.storage_offset() != 0 or not tensor.is_contiguous() or not whole:
         raise ValueError("mark_sharding needs a contiguous tensor that is its whole storage (not a view); clone() it")
-    value = dispatcher.to_jax(tensor)
+    value = tensors.to_jax(tensor)
     array = multihost.place(value, NamedSharding(mesh.jax_mesh, PartitionSpec(*spec)))
     _C._set_buffer(tensor, array, tensor.dtype, tensor.numel())
-    dispatcher.spmd = _hooks
+    spmd.install(_hooks)
     if debug.enabled():
         debug.log("sharding", f"{tuple(tensor.shape)} {tensor.dtype} over {mesh} as {spec}")
     return tensor
@@ -80,16 +78,16 @@ def mark_sharding(tensor: torch.Tensor, mesh: Mesh, spec: Sequence[SpecEntry]) -
 
 def sharding_of(tensor: torch.Tensor) -> jax.sharding.Sharding:
     """The jax sharding of a tpu tensor's buffer."""
-    return dispatcher.buffer_of(tensor).sharding
+    return tensors.buffer_of(tensor).sharding
 
 
 def sharding_spec(tensor: torch.Tensor) -> tuple | None:
     """Per dim, the mesh axis (or axes, or None) it is split over; None for a tensor on one device."""
-    buf = dispatcher.buffer_of(tensor)
+    buf = tensors.buffer_of(tensor)
     if len(buf.sharding.device_set) == 1:
         return None
     if buf.shape != tuple(tensor.shape):  # a view, or a reshaped whole buffer: as XLA lays out its read
-        buf = dispatcher.to_jax(tensor)
+        buf = tensors.to_jax(tensor)
     sharding = buf.sharding
     if not isinstance(sharding, NamedSharding):
         raise ValueError(f"the tensor's buffer is laid out as {sharding}, not by tensor dim")
@@ -102,7 +100,7 @@ def sharding_spec(tensor: torch.Tensor) -> tuple | None:
 def _tpu_tensors(bound: list, out: list) -> None:
     """The call's inputs in dispatcher._Call.walk order: a tpu tensor, or None for other inputs."""
     for x in bound:
-        if isinstance(x, dispatcher._WrappedNumber):
+        if isinstance(x, dispatcher.WrappedNumber):
             out.append(None)
         elif isinstance(x, torch.Tensor):
             out.append(x if x.device.type == "tpu" else None)
@@ -140,7 +138,7 @@ def _place_inputs(inputs: list, bound: list) -> None:
         inputs[i] = placed
         t = tensors[i] if i < len(tensors) else None
         if t is not None:
-            _C._set_buffer(t.untyped_storage(), placed, _NUMPY_TO_TORCH[np.dtype(a.dtype)], a.size)
+            _C._set_buffer(t.untyped_storage(), placed, NUMPY_TO_TORCH[np.dtype(a.dtype)], a.size)
         if debug.enabled():
             debug.log("sharding", f"replicated a single-device {tuple(a.shape)} input onto the mesh")
 

@@ -26,9 +26,8 @@ import numpy as np
 import torch
 
 from torch_tpu.kernels import _custom_ops
-from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
 
-_NUMPY_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_NUMPY.items()}
 _counter = itertools.count()
 
 
@@ -60,7 +59,7 @@ class JaxOp:
         self.returns_tuple = isinstance(result, (tuple, list))
         results = list(result) if self.returns_tuple else [result]
         device = inputs[0].device
-        return [torch.empty(r.shape, dtype=_NUMPY_TO_TORCH[np.dtype(r.dtype)], device=device) for r in results]
+        return [torch.empty(r.shape, dtype=NUMPY_TO_TORCH[np.dtype(r.dtype)], device=device) for r in results]
 
     def _vjp_lowering(self, inputs, cotangents):
         result, pullback = jax.vjp(self.fn, *inputs)

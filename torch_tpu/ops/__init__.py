@@ -3,37 +3,22 @@
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 import torch
 
-from torch_tpu.ops import dispatcher, fallback, registry
+from torch_tpu.ops import dispatcher, fallback, lowerings, registry
 from torch_tpu.ops.registry import aten, lower
-
-_LOWERING_MODULES = (
-    "host",
-    "factories",
-    "elementwise",
-    "reductions",
-    "shape",
-    "indexing",
-    "linalg",
-    "fft",
-    "nn",
-    "random",
-    "optim",
-    "amp",
-    "polygamma",
-)
 
 _libraries: list[torch.library.Library] = []
 
 
 def install() -> None:
-    """Imports every lowering module and registers the kernels and the fallback."""
+    """Imports every module of ops/lowerings/ and registers the kernels and the fallback."""
     if _libraries:
         return
-    for name in _LOWERING_MODULES:
-        importlib.import_module(f"torch_tpu.ops.{name}")
+    for module in pkgutil.iter_modules(lowerings.__path__):
+        importlib.import_module(f"{lowerings.__name__}.{module.name}")
     lib = torch.library.Library("aten", "IMPL")
     table = registry.table()
     for op, lowering in table.items():

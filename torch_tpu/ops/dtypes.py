@@ -45,3 +45,22 @@ def jax_dtype(dtype: torch.dtype | None, default: torch.dtype | None = None):
     if dtype is None:
         dtype = default if default is not None else torch.get_default_dtype()
     return jnp.dtype(to_numpy_dtype(dtype))
+
+
+def opmath(dtype) -> np.dtype:
+    """The type CPU computes reduced-precision floats in (its opmath type): float32 for halves."""
+    if jnp.issubdtype(dtype, jnp.floating) and np.dtype(dtype).itemsize < 4:
+        return np.dtype(np.float32)
+    return np.dtype(dtype)
+
+
+def to_opmath(x):
+    """`x` in its opmath type (None stays None)."""
+    return None if x is None else x.astype(opmath(x.dtype))
+
+
+def type_name(dtype) -> str:
+    """ATen's name of a torch or numpy dtype ("Float", "Long", ...), as its messages spell it."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = to_torch_dtype(dtype)
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")

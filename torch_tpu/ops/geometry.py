@@ -146,3 +146,12 @@ def write(buf: jnp.ndarray, geom: Geometry, value: jnp.ndarray) -> jnp.ndarray:
     if buf.ndim != 1 and new.dtype == buf.dtype and new.size == buf.size:
         return new.reshape(buf.shape)
     return new
+
+
+def check_no_internal_overlap(geom) -> None:
+    """CPU's assert_no_internal_overlap: an expanded (stride-0) tensor cannot be written."""
+    if any(size > 1 and stride == 0 for size, stride in zip(geom.sizes, geom.strides)):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation."
+        )

@@ -52,6 +52,33 @@ def table() -> dict[OpOverload, Lowering]:
     return dict(_TABLE)
 
 
+# Graph-only lowerings (ops/lowerings/views.py): ops eager runs without a jax function (views,
+# _to_copy, ...). Each takes the node's fake result first, then the node's own arguments.
+_GRAPH_TABLE: dict[OpOverload, Callable] = {}
+_GRAPH_RANDOM: set[OpOverload] = set()
+
+
+def graph_lower(*ops: OpOverload, random: bool = False) -> Callable:
+    """Registers a graph-only lowering; a random one receives a jax PRNG key as `rng=`."""
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            _GRAPH_TABLE[op] = fn
+            if random:
+                _GRAPH_RANDOM.add(op)
+        return fn
+
+    return register
+
+
+def graph_table() -> dict[OpOverload, Callable]:
+    return dict(_GRAPH_TABLE)
+
+
+def is_graph_random(op: OpOverload) -> bool:
+    return op in _GRAPH_RANDOM
+
+
 def _non_out_arguments(schema) -> list[tuple[str, str]]:
     return [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
 

@@ -19,10 +19,11 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.dispatcher import from_jax, to_jax
-from torch_tpu.ops.dtypes import to_numpy_dtype
-from torch_tpu.ops.indexing import index_bounds, sort_along, type_name
+from torch_tpu.ops.checks import index_bounds
+from torch_tpu.ops.dtypes import to_numpy_dtype, type_name
+from torch_tpu.ops.lowerings.sorting import sort_along
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
@@ -61,13 +62,6 @@ def _integral_to_long(x, dtype):
 def _acc(x):
     """Half-precision values accumulate in float32."""
     return x.astype(jnp.float32) if x.dtype in _HALF else x
-
-
-def _keep(value, x, axes: tuple[int, ...], keepdim: bool):
-    """`value` reduced over `axes` of `x`, reshaped for keepdim."""
-    if keepdim:
-        return value.reshape([1 if d in axes else s for d, s in enumerate(x.shape)])
-    return value
 
 
 # ---- sum, mean, prod ---------------------------------------------------------

@@ -1,5 +1,4 @@
-"""Pointwise ops: arithmetic, math functions, comparisons, logical and bitwise
-ops, activations and their backward ops.
+"""Pointwise ops: arithmetic, math functions, comparisons, logical and bitwise ops.
 
 Operands are promoted the way TensorIterator promotes them (`result_dtype`),
 so integer and bool semantics, wrapped Python numbers and reduced-precision
@@ -11,154 +10,25 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
-import jax.scipy.special
 import numpy as np
 import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
-from torch_tpu.ops.registry import aten, lower
-
-# ---- type promotion ---------------------------------------------------------
-
-_PYTHON_SCALARS = (bool, int, float, complex)
-
-
-def _to_complex(dtype: torch.dtype) -> torch.dtype:
-    return {torch.float64: torch.complex128}.get(dtype, torch.complex64)
-
-
-def _combine_categories(higher: torch.dtype | None, low: torch.dtype | None) -> torch.dtype | None:
-    """c10's combine_categories: a higher-priority operand wins unless it is of a lower category."""
-    if higher is None:
-        return low
-    if low is None:
-        return higher
-    if higher.is_complex:
-        return higher
-    if low.is_complex:
-        return _to_complex(higher) if higher.is_floating_point else low
-    if higher.is_floating_point:
-        return higher
-    if higher == torch.bool or low.is_floating_point:
-        return torch.promote_types(higher, low)
-    return higher
-
-
-def _promote(current: torch.dtype | None, dtype: torch.dtype) -> torch.dtype:
-    return dtype if current is None else torch.promote_types(current, dtype)
-
-
-def _wrapped_dtype(x) -> torch.dtype:
-    """The dtype torch gives a wrapped Python number."""
-    if isinstance(x, bool):
-        return torch.bool
-    if isinstance(x, int):
-        return torch.int64
-    if isinstance(x, complex):
-        return _to_complex(torch.get_default_dtype())
-    if isinstance(x, float):
-        return torch.get_default_dtype()
-    dtype = to_torch_dtype(x.dtype)  # a weakly typed traced scalar
-    if dtype.is_complex:
-        return _to_complex(torch.get_default_dtype())
-    return torch.get_default_dtype() if dtype.is_floating_point else dtype
-
-
-def _is_wrapped(x) -> bool:
-    """Python scalars and weakly typed traced scalars (CPU 0-dim tensors, `x + 2`)."""
-    return isinstance(x, _PYTHON_SCALARS) or bool(getattr(x, "weak_type", False))
-
-
-def result_dtype(*operands) -> np.dtype:
-    """torch.result_type over jax arrays and scalars (None operands are skipped)."""
-    dim = zero = wrapped = None
-    for x in operands:
-        if x is None:
-            continue
-        if _is_wrapped(x):
-            wrapped = _promote(wrapped, _wrapped_dtype(x))
-        elif x.ndim == 0:
-            zero = _promote(zero, to_torch_dtype(x.dtype))
-        else:
-            dim = _promote(dim, to_torch_dtype(x.dtype))
-    return to_numpy_dtype(_combine_categories(dim, _combine_categories(zero, wrapped)))
-
-
-def cast(x, dtype: np.dtype):
-    """`x` (array or Python scalar) converted to `dtype`, wrapping ints as C casts do."""
-    if x is None:
-        return None
-    if isinstance(x, _PYTHON_SCALARS):
-        x = np.asarray(x)
-    if x.dtype == np.bool_ and jnp.issubdtype(dtype, jnp.inexact):
-        # Via uint8: XLA rewrites convert(pred) / y as select(pred, 1 / y, 0), losing 0 / 0 = nan.
-        x = lax.convert_element_type(x, np.uint8)
-    elif dtype == np.uint8 and jnp.issubdtype(x.dtype, jnp.inexact):
-        x = lax.convert_element_type(x, np.int64)  # c10 casts floats to uint8 through int64 (wrapping)
-    return lax.convert_element_type(x, dtype)
-
-
-def promote(*operands):
-    """(common dtype, operands cast to it)."""
-    dtype = result_dtype(*operands)
-    return dtype, [cast(x, dtype) for x in operands]
-
-
-def is_integral(dtype: np.dtype) -> bool:
-    """Integer or bool."""
-    return not jnp.issubdtype(dtype, jnp.inexact)
-
-
-def opmath(dtype: np.dtype) -> np.dtype:
-    """The type CPU computes reduced-precision floats in."""
-    if jnp.issubdtype(dtype, jnp.floating) and np.dtype(dtype).itemsize < 4:
-        return np.dtype(np.float32)
-    return np.dtype(dtype)
-
-
-def float_dtype(dtype: np.dtype) -> np.dtype:
-    """Integer and bool inputs of float functions compute in the default dtype."""
-    return to_numpy_dtype(torch.get_default_dtype()) if is_integral(dtype) else np.dtype(dtype)
-
-
-def to_float(*operands):
-    """Operands promoted, moved to a float type, in opmath."""
-    dtype = opmath(float_dtype(result_dtype(*operands)))
-    return [cast(x, dtype) for x in operands]
-
-
-def _float_args(*operands):
-    """Operands promoted, in opmath (floats only: the op rejects other dtypes)."""
-    dtype = opmath(result_dtype(*operands))
-    return [cast(x, dtype) for x in operands]
-
-
-def type_name(dtype: np.dtype) -> str:
-    return torch.empty(0, dtype=to_torch_dtype(dtype)).type()[len("torch.") : -len("Tensor")]
-
-
-def require(name: str, dtype: np.dtype, *, bool_ok=True, int_ok=True, float_ok=True) -> None:
-    """Raises CPU's NotImplementedError for a dtype its kernel does not dispatch on."""
-    dtype = np.dtype(dtype)
-    ok = bool_ok if dtype == np.bool_ else int_ok if is_integral(dtype) else float_ok
-    if not ok:
-        raise NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
-
-
-# The error CPU raises for bool operands of sub and relu: NotImplementedError from torch 2.14 on.
-_BOOL_UNSUPPORTED = (
-    NotImplementedError if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14) else RuntimeError
+from torch_tpu.ops.dtypes import opmath, to_torch_dtype, type_name
+from torch_tpu.ops.promotion import (
+    BOOL_UNSUPPORTED,
+    PYTHON_SCALARS,
+    any_bool,
+    cast,
+    float_args,
+    is_integral,
+    promote,
+    require,
+    result_dtype,
+    to_float,
 )
-
-
-def _any_bool(*operands) -> bool:
-    return any(
-        isinstance(x, bool) or (not isinstance(x, _PYTHON_SCALARS) and x is not None and x.dtype == np.bool_)
-        for x in operands
-    )
-
+from torch_tpu.ops.registry import aten, lower
 
 # ---- arithmetic -------------------------------------------------------------
 
@@ -175,8 +45,8 @@ def add(self, other, alpha=1):
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
-    if _any_bool(self, other):
-        raise _BOOL_UNSUPPORTED(
+    if any_bool(self, other):
+        raise BOOL_UNSUPPORTED(
             "Subtraction, the `-` operator, with a bool tensor is not supported. "
             "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
         )
@@ -203,7 +73,7 @@ def mul(self, other):
 
 
 def _is_single_value(x) -> bool:
-    return isinstance(x, _PYTHON_SCALARS) or x.size == 1
+    return isinstance(x, PYTHON_SCALARS) or x.size == 1
 
 
 def _check_inplace(self, result: np.dtype) -> None:
@@ -350,7 +220,7 @@ def power(self, exponent):
 
 @lower(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(self, end, weight):
-    a, b, w = _float_args(self, end, weight)
+    a, b, w = float_args(self, end, weight)
     return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
 
 
@@ -372,7 +242,7 @@ def addcmul_(self, tensor1, tensor2, *, value=1):
 
 @lower(aten.addcdiv.default)
 def addcdiv(self, tensor1, tensor2, *, value=1):
-    a, b, c = _float_args(self, tensor1, tensor2)
+    a, b, c = float_args(self, tensor1, tensor2)
     return a + cast(value, a.dtype) * (b / c)
 
 
@@ -546,13 +416,13 @@ def atan2(self, other):
 
 @lower(aten.logaddexp.default)
 def logaddexp(self, other):
-    a, b = _float_args(self, other)
+    a, b = float_args(self, other)
     return jnp.logaddexp(a, b)
 
 
 @lower(aten.logaddexp2.default)
 def logaddexp2(self, other):
-    a, b = _float_args(self, other)
+    a, b = float_args(self, other)
     return jnp.logaddexp2(a, b)
 
 
@@ -749,285 +619,3 @@ def ilshift(self, other):
 @lower(aten.__irshift__.Tensor, aten.__irshift__.Scalar)
 def irshift(self, other):
     return right_shift(self, other)
-
-
-# ---- activations ------------------------------------------------------------
-
-
-@lower(aten.relu.default)
-def relu(self):
-    if self.dtype == np.bool_:
-        raise _BOOL_UNSUPPORTED("Boolean inputs not supported for relu")
-    return jnp.maximum(self, jnp.zeros((), self.dtype))
-
-
-@lower(aten.threshold.default)
-def threshold(self, threshold, value):
-    """x <= threshold ? value : x."""
-    return jnp.where(self <= cast(threshold, self.dtype), cast(value, self.dtype), self)
-
-
-@lower(aten.leaky_relu.default)
-def leaky_relu(self, negative_slope=0.01):
-    (x,) = _float_args(self)
-    return jnp.where(x > 0, x, x * negative_slope)
-
-
-@lower(aten.elu.default)
-def elu(self, alpha=1, scale=1, input_scale=1):
-    (x,) = _float_args(self)
-    return jnp.where(x <= 0, jnp.expm1(x * input_scale) * (alpha * scale), x * scale)
-
-
-@lower(aten.hardtanh.default)
-def hardtanh(self, min_val=-1, max_val=1):
-    return clamp(self, min_val, max_val)
-
-
-@lower(aten.hardsigmoid.default)
-def hardsigmoid(self):
-    (x,) = _float_args(self)
-    return jnp.clip(x + 3, 0, 6) / 6
-
-
-@lower(aten.hardswish.default)
-def hardswish(self):
-    (x,) = _float_args(self)
-    return x * jnp.clip(x + 3, 0, 6) / 6
-
-
-@lower(aten.softplus.default)
-def softplus(self, beta=1, threshold=20):
-    (x,) = _float_args(self)
-    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
-
-
-@lower(aten.mish.default)
-def mish(self):
-    (x,) = _float_args(self)
-    return x * jnp.tanh(jnp.log1p(jnp.exp(x)))
-
-
-_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
-_GELU_KAPPA = 0.044715
-
-
-@lower(aten.gelu.default)
-def gelu(self, *, approximate="none"):
-    (x,) = _float_args(self)
-    if approximate == "tanh":
-        return 0.5 * x * (1 + jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_KAPPA * x * x * x)))
-    return x * 0.5 * (1 + lax.erf(x * math.sqrt(0.5)))
-
-
-@lower(aten.silu.default)
-def silu(self):
-    (x,) = _float_args(self)
-    return x / (1 + jnp.exp(-x))
-
-
-# ---- activation backward ops ------------------------------------------------
-
-
-@lower(aten.threshold_backward.default)
-def threshold_backward(grad_output, self, threshold):
-    return jnp.where(self <= cast(threshold, self.dtype), jnp.zeros((), grad_output.dtype), grad_output)
-
-
-@lower(aten.sigmoid_backward.default)
-def sigmoid_backward(grad_output, output):
-    g, y = _float_args(grad_output, output)
-    return g * (1 - y) * y
-
-
-@lower(aten.tanh_backward.default)
-def tanh_backward(grad_output, output):
-    g, y = _float_args(grad_output, output)
-    return g * (1 - y * y)
-
-
-@lower(aten.leaky_relu_backward.default)
-def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
-    g, x = _float_args(grad_output, self)
-    return jnp.where(x > 0, g, g * negative_slope)
-
-
-@lower(aten.elu_backward.default)
-def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
-    g, x = _float_args(grad_output, self_or_result)
-    if is_result:
-        negative = g * input_scale * (x + alpha * scale)
-    else:
-        negative = g * input_scale * alpha * scale * jnp.exp(x * input_scale)
-    return jnp.where(x <= 0, negative, g * scale)
-
-
-@lower(aten.hardtanh_backward.default)
-def hardtanh_backward(grad_output, self, min_val, max_val):
-    g, x = _float_args(grad_output, self)
-    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros_like(g), g)
-
-
-@lower(aten.softplus_backward.default)
-def softplus_backward(grad_output, self, beta, threshold):
-    g, x = _float_args(grad_output, self)
-    z = jnp.exp(x * beta)
-    return jnp.where(x * beta > threshold, g, g * z / (z + 1))
-
-
-@lower(aten.hardsigmoid_backward.default)
-def hardsigmoid_backward(grad_output, self):
-    g, x = _float_args(grad_output, self)
-    return jnp.where((x > -3) & (x < 3), g / 6, jnp.zeros_like(g))
-
-
-@lower(aten.hardswish_backward.default)
-def hardswish_backward(grad_output, self):
-    g, x = _float_args(grad_output, self)
-    return jnp.where(x < -3, jnp.zeros_like(g), jnp.where(x <= 3, g * (x / 3 + 0.5), g))
-
-
-@lower(aten.logit_backward.default)
-def logit_backward(grad_output, self, eps=None):
-    g, x = _float_args(grad_output, self)
-    grad = g / (x * (1 - x))
-    if eps is None:
-        return jnp.where((x < 0) | (x > 1), jnp.nan, grad)
-    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(g), grad)
-
-
-@lower(aten.gelu_backward.default)
-def gelu_backward(grad_output, self, *, approximate="none"):
-    g, x = _float_args(grad_output, self)
-    if approximate == "tanh":
-        inner = _SQRT_2_OVER_PI * (x + _GELU_KAPPA * x * x * x)
-        t = jnp.tanh(inner)
-        left = 0.5 * x
-        right = 1 + t
-        d_inner = _SQRT_2_OVER_PI * (1 + 3 * _GELU_KAPPA * x * x)
-        return g * (0.5 * right + left * (1 - t * t) * d_inner)
-    cdf = 0.5 * (1 + lax.erf(x * math.sqrt(0.5)))
-    pdf = jnp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-    return g * (cdf + x * pdf)
-
-
-__all__ = [
-    "cast",
-    "float_dtype",
-    "is_integral",
-    "opmath",
-    "promote",
-    "require",
-    "result_dtype",
-    "to_float",
-    "type_name",
-]
-
-
-# ---- special functions, number theory -----------------------------------------------------
-
-
-def _special(fn):
-    def lowering(self):
-        (x,) = to_float(self)
-        return fn(x)
-
-    return lowering
-
-
-for _op, _fn in {
-    aten.i0.default: jax.scipy.special.i0,
-    aten.special_i0e.default: jax.scipy.special.i0e,
-    aten.special_i1.default: jax.scipy.special.i1,
-    aten.special_i1e.default: jax.scipy.special.i1e,
-    aten.special_ndtri.default: jax.scipy.special.ndtri,
-}.items():
-    lower(_op)(_special(_fn))
-
-
-@lower(aten.frexp.Tensor)
-def frexp(self):
-    mantissa, exponent = jnp.frexp(self)
-    return mantissa, exponent.astype(jnp.int32)
-
-
-@lower(aten.gcd.default)
-def gcd(self, other):
-    _, (a, b) = promote(self, other)
-    return jnp.gcd(a, b)
-
-
-@lower(aten.lcm.default)
-def lcm(self, other):
-    _, (a, b) = promote(self, other)
-    return jnp.lcm(a, b)
-
-
-@lower(aten.complex.default)
-def complex_(real, imag):
-    if real.dtype != imag.dtype:
-        raise RuntimeError(
-            f"Expected object of scalar type {type_name(real.dtype)} but got scalar type {type_name(imag.dtype)} "
-            "for second argument"
-        )
-    shape = jnp.broadcast_shapes(real.shape, imag.shape)
-    return lax.complex(jnp.broadcast_to(real, shape), jnp.broadcast_to(imag, shape))
-
-
-def _digamma(x):
-    # torch: digamma(0) is -inf (of the sign of the zero: pole from the right), XLA gives nan.
-    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), lax.digamma(x))
-
-
-lower(aten.lgamma.default)(_special(lax.lgamma))
-lower(aten.digamma.default)(_special(_digamma))
-
-
-@lower(aten.igamma.default)
-def igamma(self, other):
-    a, x = _float_args(self, other)
-    return jax.scipy.special.gammainc(a, x)
-
-
-@lower(aten.igammac.default)
-def igammac(self, other):
-    a, x = _float_args(self, other)
-    return jax.scipy.special.gammaincc(a, x)
-
-
-@lower(aten.nextafter.default)
-def nextafter(self, other):
-    _, (a, b) = promote(self, other)
-    return jnp.nextafter(a, b)
-
-
-@lower(aten.angle.default)
-def angle(self):
-    if jnp.iscomplexobj(self):
-        return jnp.angle(self)
-    (x,) = to_float(self)
-    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(math.pi, x.dtype), jnp.zeros_like(x)))
-
-
-def _entr(x):
-    return jnp.where(x > 0, -x * jnp.log(jnp.where(x > 0, x, 1)), jnp.where(x == 0, 0.0, -jnp.inf).astype(x.dtype))
-
-
-def _spherical_j0(x):
-    return jnp.where(jnp.isinf(x), 0.0, jnp.sin(x) / jnp.where(x == 0, 1, x)).astype(x.dtype) + (x == 0)
-
-
-for _op, _fn in {
-    aten.special_entr.default: _entr,
-    aten.special_log_ndtr.default: jax.scipy.special.log_ndtr,
-    aten.special_modified_bessel_i0.default: jax.scipy.special.i0,
-    aten.special_modified_bessel_i1.default: jax.scipy.special.i1,
-    aten.special_spherical_bessel_j0.default: _spherical_j0,
-}.items():
-    lower(_op)(_special(_fn))
-
-
-@lower(aten.special_xlog1py.default)
-def special_xlog1py(self, other):
-    x, y = to_float(self, other)
-    return jnp.where(jnp.isnan(y), y, jnp.where(x == 0, jnp.zeros_like(x), x * jnp.log1p(y)))

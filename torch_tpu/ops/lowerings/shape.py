@@ -16,9 +16,9 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.dispatcher import from_jax, to_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax
 
 
 def _promoted(arrays) -> jnp.dtype:
@@ -209,3 +209,13 @@ def unfold_backward(grad_in, input_sizes, dim, size, step):
     rest = [n for d, n in enumerate(input_sizes) if d != dim]
     out = jnp.zeros((input_sizes[dim], *rest), grad_in.dtype).at[index].add(g)
     return jnp.moveaxis(out, 0, dim)
+
+
+# ---- channel_shuffle ---------------------------------------------------------
+
+
+@lower(aten.channel_shuffle.default)
+def channel_shuffle(self, groups):
+    n, c = self.shape[:2]
+    x = self.reshape(n, groups, c // groups, *self.shape[2:])
+    return jnp.swapaxes(x, 1, 2).reshape(self.shape)

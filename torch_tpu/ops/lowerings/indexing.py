@@ -1,4 +1,4 @@
-"""Indexing, gather/scatter, masks, sorting and unique.
+"""Indexing: gather/scatter, masks and advanced indexing (index.Tensor, index_put).
 
 jax clamps (gathers) or drops (scatters) out-of-range indices silently, so every
 op that reads an index tensor checks its range on the host first and raises
@@ -16,213 +16,20 @@ function with that static size.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
-from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
-from torch_tpu.ops.registry import Lowering, aten, inplace_variant, lower, out_variant
-from torch_tpu.runtime.global_arrays import host_value
+from torch_tpu.ops.checks import check_ranges, lower_checked, out_of_bounds, range_check, to_host
+from torch_tpu.ops.dtypes import type_name
+from torch_tpu.ops.registry import Lowering, aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool, torch.uint8)
-
-
-# ---- host-side checks -------------------------------------------------------------
-
-
-@jax.jit
-def _minmax(arrays):
-    return jnp.stack([jnp.stack([jnp.min(a).astype(jnp.int64), jnp.max(a).astype(jnp.int64)]) for a in arrays])
-
-
-def _host(array) -> np.ndarray:
-    metrics.bump("host_transfers")
-    return host_value(array)
-
-
-def index_bounds(index: torch.Tensor) -> tuple[int, int]:
-    """(min, max) of a non-empty integer tpu tensor: one host sync."""
-    metrics.bump("executions")
-    lo, hi = _host(_minmax((to_jax(index),)))[0]
-    return int(lo), int(hi)
-
-
-def _check_ranges(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]]) -> None:
-    """Raises `error(value)` for the first index outside [low, high); one sync."""
-    checks = [c for c in checks if c[0].numel() > 0 and not c[0].is_floating_point() and c[0].dtype != torch.bool]
-    if not checks:
-        return
-    device = [c for c in checks if c[0].device.type != "cpu"]
-    bounds = {}
-    if device:
-        metrics.bump("executions")
-        values = _host(_minmax(tuple(to_jax(c[0]) for c in device)))
-        bounds = {id(c): values[i] for i, c in enumerate(device)}
-    for c in checks:
-        index, low, high, error = c
-        if index.device.type == "cpu":
-            lo, hi = int(index.min()), int(index.max())
-        else:
-            lo, hi = (int(v) for v in bounds[id(c)])
-        if lo < low or hi >= high:
-            flat = _host(to_jax(index)).reshape(-1) if index.device.type != "cpu" else index.reshape(-1).numpy()
-            bad = (flat < low) | (flat >= high)
-            raise error(int(flat[int(np.argmax(bad))]))
-
-
-def _dim_size(self: torch.Tensor, dim: int) -> tuple[int, int] | None:
-    """(normalized dim, size) as torch sees it (a 0-dim tensor has size 1), or
-    None for a bad dim, which the kernel's meta pass then reports."""
-    ndim = max(self.dim(), 1)
-    if not -ndim <= dim < ndim:
-        return None
-    dim %= ndim
-    return dim, (self.shape[dim] if self.dim() else 1)
-
-
-def _range_check(low_negative: bool, make_error: Callable[[int, int, int], Exception]):
-    """A check of `index` (third argument) against self.size(dim)."""
-
-    def check(self, dim, index, *args, **kwargs):
-        found = _dim_size(self, dim)
-        if found is None or not isinstance(index, torch.Tensor):
-            return
-        d, size = found
-        low = -size if low_negative else 0
-        _check_ranges([(index, low, size, lambda v: make_error(v, d, size))])
-
-    return check
-
-
-def _oob(v, d, size):
-    return RuntimeError(f"index {v} is out of bounds for dimension {d} with size {size}")
-
-
-def lower_checked(op, check: Callable, *, variants: bool = True) -> Callable:
-    """Registers jax function `fn` as `op`'s kernel behind the eager host `check`,
-    and likewise for its in-place and out= variants. `check` raises, or returns
-    None or replacement (args, kwargs) for the kernel."""
-
-    def register(fn: Callable) -> Callable:
-        ops = [(op, False)]
-        if variants:
-            ops += [(v, True) for v in (inplace_variant(op), out_variant(op)) if v is not None]
-        for variant, derived in ops:
-            kernel = dispatcher.make_kernel(variant, Lowering(fn), derived)
-            lower(variant, eager=True)(_guarded(kernel, check, fn))
-        return fn
-
-    return register
-
-
-def _guarded(kernel: Callable, check: Callable, fn: Callable) -> Callable:
-    def run(*args, **kwargs):
-        replaced = check(*args, **kwargs)
-        if replaced is not None:
-            args, kwargs = replaced
-        return kernel(*args, **kwargs)
-
-    run.__name__ = kernel.__name__
-    run.jit_lowering = fn  # the unchecked jax function, for graph compilers
-    return run
-
-
-# ---- sorting (also used by median and mode) --------------------------------------
-
-
-def sort_along(x, axis: int, descending: bool = False):
-    """Stable sort along `axis`: (values, int64 indices). NaN sorts as the largest
-    value; descending keeps equal elements in their original order."""
-    if x.ndim == 0:
-        return x, jnp.zeros((), jnp.int64)
-    n = x.shape[axis]
-    key = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
-    if descending:
-        key = jnp.flip(key, axis)
-    iota = lax.broadcasted_iota(jnp.int64, x.shape, axis)
-    s, i = lax.sort((key, iota), dimension=axis, is_stable=True, num_keys=1)
-    if descending:
-        s, i = jnp.flip(s, axis), n - 1 - jnp.flip(i, axis)
-    return s.astype(x.dtype), i
-
-
-@lower(aten.sort.stable)
-def sort(x, *, stable=None, dim=-1, descending=False):
-    return sort_along(x, dim % max(x.ndim, 1), descending)
-
-
-@lower(aten.topk.default)
-def topk(x, k, dim=-1, largest=True, sorted=True):
-    if x.ndim == 0:
-        return x, jnp.zeros((), jnp.int64)
-    axis = dim % x.ndim
-    s, i = sort_along(x, axis, descending=largest)
-    return lax.slice_in_dim(s, 0, k, axis=axis), lax.slice_in_dim(i, 0, k, axis=axis)
-
-
-@lower(aten.kthvalue.default)
-def kthvalue(x, k, dim=-1, keepdim=False):
-    if x.ndim == 0:
-        return x, jnp.zeros((), jnp.int64)
-    axis = dim % x.ndim
-    s, i = sort_along(x, axis)
-    v, idx = lax.slice_in_dim(s, k - 1, k, axis=axis), lax.slice_in_dim(i, k - 1, k, axis=axis)
-    if not keepdim:
-        v, idx = v.squeeze(axis), idx.squeeze(axis)
-    return v, idx
-
-
-def _searchsorted(seq, values, right, sorter, out_int32):
-    if sorter is not None:
-        seq = jnp.take_along_axis(seq, sorter, axis=-1)
-    dtype = jnp.promote_types(seq.dtype, values.dtype)
-    seq, values = seq.astype(dtype), values.astype(dtype)
-    side = "right" if right else "left"
-    if seq.ndim <= 1:
-        out = jnp.searchsorted(seq, values, side=side)
-    else:
-        batch = seq.shape[:-1]
-        flat = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(
-            seq.reshape(-1, seq.shape[-1]), values.reshape(-1, values.shape[-1])
-        )
-        out = flat.reshape(batch + values.shape[-1:])
-    return out.astype(jnp.int32 if out_int32 else jnp.int64)
-
-
-def _value(v, seq):
-    """A Scalar `v` compares in the sequence's dtype when that is floating, as on CPU."""
-    if isinstance(v, (int, float, bool)) and jnp.issubdtype(seq.dtype, jnp.floating):
-        return jnp.asarray(v, seq.dtype)
-    return jnp.asarray(v)
-
-
-@lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
-def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
-    return _searchsorted(sorted_sequence, _value(self, sorted_sequence), right or side == "right", sorter, out_int32)
-
-
-@lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
-def bucketize(self, boundaries, *, out_int32=False, right=False):
-    return _searchsorted(boundaries, _value(self, boundaries), right, None, out_int32)
-
-
-@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
-def isin(elements, test_elements, *, assume_unique=False, invert=False):
-    x, test = jnp.asarray(elements), jnp.asarray(test_elements)
-    dtype = jnp.promote_types(x.dtype, test.dtype)
-    x, test = x.astype(dtype), test.astype(dtype).reshape(-1)
-    if test.size <= 256:  # compare with every test element
-        hit = jnp.any(x[..., None] == test, axis=-1)
-    else:  # look each element up in the sorted test elements
-        ordered = jnp.sort(test)
-        hit = ordered[jnp.clip(jnp.searchsorted(ordered, x), 0, test.size - 1)] == x
-    return ~hit if invert else hit
 
 
 # ---- gather / scatter family ---------------------------------------------------------
@@ -241,7 +48,7 @@ def _crop(src, shape):
     return src[tuple(slice(0, n) for n in shape)]
 
 
-@lower_checked(aten.gather.default, _range_check(False, _oob))
+@lower_checked(aten.gather.default, range_check(False, out_of_bounds))
 def gather(x, dim, index, *, sparse_grad=False):
     shape = index.shape
     x, index = _at_least_1d(x, index)
@@ -271,7 +78,7 @@ def _scatter(x, dim, index, src, how: str):
     return out.reshape(shape)
 
 
-_scatter_check = _range_check(False, _oob)
+_scatter_check = range_check(False, out_of_bounds)
 
 
 @lower_checked(aten.scatter.src, _scatter_check)
@@ -334,7 +141,7 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     return out.reshape(shape)
 
 
-@lower_checked(aten.index_reduce.default, _range_check(False, _oob))
+@lower_checked(aten.index_reduce.default, range_check(False, out_of_bounds))
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     """scatter_reduce along `dim` with one index per slice."""
     shape = x.shape
@@ -351,7 +158,7 @@ def _along(axis: int, index):
 
 @lower_checked(
     aten.index_select.default,
-    _range_check(False, lambda v, d, s: IndexError("index out of range in self")),
+    range_check(False, lambda v, d, s: IndexError("index out of range in self")),
 )
 def index_select(x, dim, index):
     if x.ndim == 0:
@@ -372,7 +179,7 @@ def _index_update(x, dim, index, value, how):
     return (ref.max(value) if x.dtype == jnp.bool_ else ref.add(value)).reshape(shape)
 
 
-@lower_checked(aten.index_add.default, _range_check(False, _oob))
+@lower_checked(aten.index_add.default, range_check(False, out_of_bounds))
 def index_add(x, dim, index, source, *, alpha=1):
     if alpha != 1:
         source = source * alpha
@@ -381,7 +188,7 @@ def index_add(x, dim, index, source, *, alpha=1):
 
 @lower_checked(
     aten.index_copy.default,
-    _range_check(
+    range_check(
         False, lambda v, d, s: IndexError(f"index_copy_(): index {v} is out of bounds for dimension {d} with size {s}")
     ),
 )
@@ -389,7 +196,7 @@ def index_copy(x, dim, index, source):
     return _index_update(x, dim, index, source, "set")
 
 
-_index_fill_check = _range_check(
+_index_fill_check = range_check(
     True, lambda v, d, s: IndexError(f"index {v} is out of bounds for dimension {d} with size {s}")
 )
 
@@ -414,7 +221,7 @@ def index_fill_tensor(x, dim, index, value):
 
 def _take_check(self, index, *args, **kwargs):
     n = self.numel()
-    _check_ranges(
+    check_ranges(
         [(index, -n, n, lambda v: IndexError(f"out of range: tried to access index {v} on a tensor of {n} elements."))]
     )
 
@@ -446,10 +253,10 @@ def _count(x, shape=None):
     return jnp.sum(x != 0, dtype=jnp.int64)
 
 
-def _count_true(x, shape: tuple[int, ...] | None = None) -> int:
+def count_true(x, shape: tuple[int, ...] | None = None) -> int:
     """The number of nonzero elements of `x` (broadcast to `shape`): one sync."""
     metrics.bump("executions")
-    return int(_host(_count(x, shape)))
+    return int(to_host(_count(x, shape)))
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
@@ -462,7 +269,7 @@ def _nonzero(x, size):
 
 def _nonzero_of(t: torch.Tensor) -> torch.Tensor:
     x = to_jax(t)
-    size = _count_true(x)
+    size = count_true(x)
     metrics.bump("executions")
     return from_jax(_nonzero(x, size), t.device.index)
 
@@ -505,7 +312,7 @@ def masked_select(self, mask):
     mask = _same_device(self, mask)
     shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))
     x, m = to_jax(self), to_jax(mask)
-    size = _count_true(m, shape)
+    size = count_true(m, shape)
     metrics.bump("executions")
     return from_jax(_masked_select(x, m, shape, size), self.device.index)
 
@@ -530,7 +337,7 @@ def masked_scatter_(self, mask, source):
     if source.numel() < self.numel() and mask.dtype == torch.bool:
         mask = _same_device(self, mask)
         shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))
-        if _count_true(to_jax(mask), shape) > source.numel():
+        if count_true(to_jax(mask), shape) > source.numel():
             raise RuntimeError("Number of elements of source < number of ones in mask")
     return _masked_scatter_kernel(self, mask, source)
 
@@ -595,7 +402,7 @@ def _prepare_indices(self: torch.Tensor, indices) -> list:
                     ),
                 )
             )
-    _check_ranges(checks)
+    check_ranges(checks)
     return [t if t is None or t.device == self.device else t.to(self.device) for t in out]
 
 
@@ -614,7 +421,7 @@ def index(self, indices):
 index.jit_lowering = _index  # integer indices only, unchecked
 
 
-def _index_put(x, indices, values, accumulate=False, unsafe=False):
+def put_values(x, indices, values, accumulate=False, unsafe=False):
     ref = x.at[tuple(slice(None) if i is None else i for i in indices)]
     values = jnp.asarray(values).astype(x.dtype)
     if not accumulate:
@@ -622,7 +429,7 @@ def _index_put(x, indices, values, accumulate=False, unsafe=False):
     return ref.max(values) if x.dtype == jnp.bool_ else ref.add(values)
 
 
-_index_put_kernel = dispatcher.make_kernel(aten._index_put_impl_.default, Lowering(_index_put), False)
+_index_put_kernel = dispatcher.make_kernel(aten._index_put_impl_.default, Lowering(put_values), False)
 
 
 @functools.partial(jax.jit, static_argnames=("lead", "accumulate"))
@@ -669,11 +476,6 @@ def _is_mask_put(self: torch.Tensor, indices, values: torch.Tensor) -> bool:
     return tuple(mask.shape) == tuple(self.shape[d : d + mask.dim()]) and values.dim() <= result_dims
 
 
-def type_name(dtype: torch.dtype) -> str:
-    """ATen's name of a dtype ("Float", "Long", ...), as its messages spell it."""
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
-
-
 @lower(aten._index_put_impl_.default, eager=True)
 def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     masks = [i for i in indices if i is not None]
@@ -702,95 +504,4 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     return _index_put_kernel(self, _prepare_indices(self, indices), values, accumulate, unsafe)
 
 
-index_put_impl_.jit_lowering = _index_put
-
-
-# ---- unique ---------------------------------------------------------------------------
-#
-# Each one works on "rows": the flattened elements (one-element rows) or, with
-# a dim, the slices along it. Step 1 (jitted) orders the rows (sorted, or as
-# they are for unique_consecutive) and flags where a new run starts; the number
-# of runs comes to the host; step 2 (jitted, static count) gathers the runs.
-
-
-def _as_rows(x, dim):
-    if dim is None:
-        return x.reshape(-1, 1)
-    moved = jnp.moveaxis(x, dim, 0)
-    return moved.reshape(moved.shape[0], -1)
-
-
-@functools.partial(jax.jit, static_argnames=("dim", "consecutive"))
-def _runs(x, dim, consecutive):
-    rows = _as_rows(x, dim)
-    n = rows.shape[0]
-    if consecutive or rows.shape[1] == 0:
-        perm = jnp.arange(n, dtype=jnp.int64)
-    elif dim is None:
-        _, perm = sort_along(rows[:, 0], 0)
-    else:
-        keys = rows.astype(jnp.uint8) if rows.dtype == jnp.bool_ else rows
-        perm = jnp.lexsort(tuple(keys[:, j] for j in reversed(range(rows.shape[1])))).astype(jnp.int64)
-    s = rows[perm]
-    starts = jnp.concatenate([jnp.ones((min(n, 1),), bool), jnp.any(s[1:] != s[:-1], axis=1)])
-    return s, perm, starts
-
-
-@functools.partial(jax.jit, static_argnames=("count", "dim", "shape"))
-def _gather_runs(s, perm, starts, count, dim, shape):
-    """(unique values, inverse, counts); `shape` is the input's."""
-    group = jnp.cumsum(starts) - 1
-    rows = jnp.zeros((count, *s.shape[1:]), s.dtype).at[group].set(s)
-    counts = jnp.zeros((count,), jnp.int64).at[group].add(1)
-    inverse = jnp.zeros(perm.shape, jnp.int64).at[perm].set(group)
-    if dim is None:
-        return rows.reshape(count), inverse.reshape(shape), counts
-    moved = (shape[dim], *shape[:dim], *shape[dim + 1 :])
-    values = jnp.moveaxis(rows.reshape((count, *moved[1:])), 0, dim)
-    return values, inverse, counts
-
-
-def _unique(self: torch.Tensor, dim: int | None, consecutive: bool):
-    x = to_jax(self)
-    if dim is not None:
-        dim %= max(x.ndim, 1)
-        if x.ndim == 0:
-            x, dim = x.reshape(1), None
-    metrics.bump("executions", 2)
-    s, perm, starts = _runs(x, dim, consecutive)
-    count = _count_true(starts)
-    dev = self.device.index
-    return [from_jax(a, dev) for a in _gather_runs(s, perm, starts, count, dim, tuple(x.shape))]
-
-
-def _empty_long(device: int) -> torch.Tensor:
-    return from_jax(jnp.zeros((0,), jnp.int64), device)
-
-
-def _requested(values, inverse, counts, return_inverse, return_counts):
-    dev = values.device.index
-    return (
-        values,
-        inverse if return_inverse else _empty_long(dev),
-        counts if return_counts else _empty_long(dev),
-    )
-
-
-@lower(aten._unique2.default, eager=True)
-def unique2(self, sorted=True, return_inverse=False, return_counts=False):
-    # Always sorted: CPU's sorted=False order is unspecified.
-    return _requested(*_unique(self, None, False), return_inverse, return_counts)
-
-
-@lower(aten.unique_dim.default, eager=True)
-def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
-    # CPU returns the inverse and counts whether asked or not.
-    return tuple(_unique(self, dim, False))
-
-
-@lower(aten.unique_consecutive.default, eager=True)
-def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
-    values, inverse, counts = _unique(self, dim, True)
-    if dim is not None:
-        return values, inverse, counts  # as unique_dim
-    return _requested(values, inverse, counts, return_inverse, return_counts)
+index_put_impl_.jit_lowering = put_values

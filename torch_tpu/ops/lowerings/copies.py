@@ -6,9 +6,9 @@ import jax
 import torch
 
 from torch_tpu import metrics
-from torch_tpu.ops.dispatcher import to_jax, write_jax
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import to_jax, write_jax
 from torch_tpu.runtime import client
 from torch_tpu.runtime.global_arrays import host_value
 

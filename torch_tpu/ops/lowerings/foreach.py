@@ -1,9 +1,6 @@
-"""Optimizer ops: the _foreach_* family and the fused SGD / AdamW steps.
-
-A functional _foreach_ op returns `([one array per list element],)`; its
-in-place (`_foreach_add_.List`) and out= variants are derived from it, so the
-whole list updates in one executable.
-"""
+"""The _foreach_* family: a functional _foreach_ op returns `([one array per list element],)`; its
+in-place (`_foreach_add_.List`) and out= variants are derived from it, so the whole list updates in one
+executable."""
 
 from __future__ import annotations
 
@@ -16,16 +13,10 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops import dispatcher, precision
-from torch_tpu.ops.dispatcher import from_jax, to_jax, write_jax
+from torch_tpu.ops import precision, tensors
+from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.registry import aten, lower
-
-
-def _opmath(x):
-    """Half floats compute in float32, as CPU's foreach kernels do."""
-    if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4:
-        return x.astype(jnp.float32)
-    return x
+from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
 
 
 def _map(fn, *lists):
@@ -184,11 +175,11 @@ def foreach_minimum_scalar(self, scalar):
 
 
 def _addcmul(x, t1, t2, value):
-    return _opmath(x) + value * _opmath(t1) * _opmath(t2)
+    return to_opmath(x) + value * to_opmath(t1) * to_opmath(t2)
 
 
 def _addcdiv(x, t1, t2, value):
-    return _opmath(x) + value * _opmath(t1) / _opmath(t2)
+    return to_opmath(x) + value * to_opmath(t1) / to_opmath(t2)
 
 
 @lower(aten._foreach_addcmul.Scalar)
@@ -213,8 +204,8 @@ def foreach_addcdiv_scalar_list(self, tensor1, tensor2, scalars):
 
 def _lerp(x, end, weight):
     """CPU's lerp: exact at both ends."""
-    x, end = _opmath(x), _opmath(end)
-    weight = _opmath(weight) if hasattr(weight, "dtype") else weight
+    x, end = to_opmath(x), to_opmath(end)
+    weight = to_opmath(weight) if hasattr(weight, "dtype") else weight
     return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x), end - (end - x) * (1 - weight))
 
 
@@ -250,7 +241,7 @@ _PER_SCALAR = {
 @functools.partial(jax.jit, static_argnums=0)
 def _per_scalar_step(name, lists, scalars):
     fn = _PER_SCALAR[name]
-    return [fn(*xs, scalars[i].astype(_opmath(xs[0]).dtype)) for i, xs in enumerate(zip(*lists))]
+    return [fn(*xs, scalars[i].astype(to_opmath(xs[0]).dtype)) for i, xs in enumerate(zip(*lists))]
 
 
 def _scalar_array(scalars, tensors) -> jax.Array:
@@ -273,9 +264,9 @@ def _run_per_scalar(name, self, others, scalars):
         return []
     if any(not t.is_floating_point() for t in self) and any(isinstance(v, float) for v in _as_values(scalars)):
         raise RuntimeError("result type Float can't be cast to the desired output type " + str(self[0].dtype))
-    if dispatcher.lazy is not None:  # lazy mode: recorded, not run
-        lists = [[dispatcher.lazy.read(t) for t in ts] for ts in (self, *others)]
-        return dispatcher.lazy.call(_per_scalar_step, (name,), lists, _scalar_array(scalars, self))
+    if tensors.lazy is not None:  # lazy mode: recorded, not run
+        lists = [[tensors.lazy.read(t) for t in ts] for ts in (self, *others)]
+        return tensors.lazy.call(_per_scalar_step, (name,), lists, _scalar_array(scalars, self))
     lists = [[to_jax(t) for t in ts] for ts in (self, *others)]
     metrics.bump("executions")
     return _per_scalar_step(name, lists, _scalar_array(scalars, self))
@@ -413,7 +404,7 @@ def foreach_mm(self, mat2):
 
 
 def _norm(x, ord):
-    a = jnp.abs(_opmath(x))
+    a = jnp.abs(to_opmath(x))
     if a.size == 0:
         return jnp.zeros((), a.dtype) if ord != -math.inf else jnp.full((), jnp.inf, a.dtype)
     if ord == 2:
@@ -437,277 +428,3 @@ def foreach_norm(self, ord=2, dtype=None):
 @lower(aten._foreach_max.default)
 def foreach_max(self):
     return _map(jnp.max, self)
-
-
-# ---- fused optimizer steps --------------------------------------------------
-
-
-def _skip_if_inf(found_inf, new, old):
-    """found_inf == 1 leaves every tensor as it was (AMP's skipped step)."""
-    if found_inf is None:
-        return new
-    skip = found_inf.reshape(()) == 1
-    return [jnp.where(skip, o, n) for n, o in zip(new, old)]
-
-
-def _fused_sgd(
-    self,
-    grads,
-    momentum_buffer_list,
-    weight_decay,
-    momentum,
-    lr,
-    dampening,
-    nesterov,
-    maximize,
-    is_first_step,
-    grad_scale,
-    found_inf,
-):
-    params, new_grads, bufs = [], [], []
-    for i, (p, g) in enumerate(zip(self, grads)):
-        p32, g32 = _opmath(p), _opmath(g)
-        if grad_scale is not None:
-            g32 = g32 / grad_scale.reshape(())
-        new_grads.append(g32)
-        if maximize:
-            g32 = -g32
-        if weight_decay != 0:
-            g32 = g32 + weight_decay * p32
-        if momentum != 0:
-            buf = g32 if is_first_step else momentum * _opmath(momentum_buffer_list[i]) + (1 - dampening) * g32
-            bufs.append(buf)
-            g32 = g32 + momentum * buf if nesterov else buf
-        params.append(p32 - lr * g32)
-    return (
-        _skip_if_inf(found_inf, params, self),
-        _skip_if_inf(found_inf, new_grads, grads) if grad_scale is not None else list(grads),
-        _skip_if_inf(found_inf, bufs, momentum_buffer_list),
-    )
-
-
-# The fused steps run eagerly with their own jitted function: PyTorch has no meta
-# kernel for _fused_sgd_ or the tensor_lr overloads, and a traced lr lets a
-# scheduler change it without recompiling.
-
-
-def _value(t):
-    if t is None:
-        return None
-    if isinstance(t, torch.Tensor) and t.device.type == "tpu":
-        return to_jax(t)
-    return jnp.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, jnp.float32)
-
-
-def _write_lists(lists, values):
-    metrics.bump("executions")
-    for ts, vs in zip(lists, values):
-        for t, v in zip(ts, vs):
-            write_jax(t, v)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _fused_sgd_step(static, lists, lr, grad_scale, found_inf):
-    weight_decay, momentum, dampening, nesterov, maximize, is_first_step = static
-    return _fused_sgd(
-        *lists,
-        weight_decay,
-        momentum,
-        lr.reshape(()),
-        dampening,
-        nesterov,
-        maximize,
-        is_first_step,
-        grad_scale,
-        found_inf,
-    )
-
-
-@lower(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr, eager=True)
-def fused_sgd_(
-    self,
-    grads,
-    momentum_buffer_list,
-    *,
-    weight_decay,
-    momentum,
-    lr,
-    dampening,
-    nesterov,
-    maximize,
-    is_first_step,
-    grad_scale=None,
-    found_inf=None,
-):
-    if not self:
-        return
-    lists = (self, grads, momentum_buffer_list)
-    static = (weight_decay, momentum, dampening, nesterov, maximize, is_first_step)
-    values = _fused_sgd_step(
-        static, [[to_jax(t) for t in ts] for ts in lists], _value(lr), _value(grad_scale), _value(found_inf)
-    )
-    _write_lists(lists, values)
-
-
-def _fused_adam(
-    decoupled,
-    self,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale,
-    found_inf,
-):
-    lr = lr.reshape(()).astype(jnp.float32)
-    params, new_grads, avgs, sqs, maxes = [], [], [], [], []
-    for i, (p, g, m, v, step) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs, state_steps)):
-        p32, g32, m32, v32 = _opmath(p), _opmath(g), _opmath(m), _opmath(v)
-        if grad_scale is not None:
-            g32 = g32 / grad_scale.reshape(())
-        new_grads.append(g32)
-        if maximize:
-            g32 = -g32
-        step = step.reshape(()).astype(jnp.float32)
-        bias1 = 1 - jnp.power(jnp.float32(beta1), step)
-        bias2_sqrt = jnp.sqrt(1 - jnp.power(jnp.float32(beta2), step))
-        if weight_decay != 0:
-            if decoupled:
-                p32 = p32 * (1 - lr * weight_decay)
-            else:
-                g32 = g32 + weight_decay * p32
-        m32 = m32 + (1 - beta1) * (g32 - m32)
-        v32 = beta2 * v32 + (1 - beta2) * g32 * g32
-        if amsgrad:
-            top = jnp.maximum(_opmath(max_exp_avg_sqs[i]), v32)
-            maxes.append(top)
-        else:
-            top = v32
-        denom = jnp.sqrt(top) / bias2_sqrt + eps
-        params.append(p32 - (lr / bias1) * m32 / denom)
-        avgs.append(m32)
-        sqs.append(v32)
-    return (
-        _skip_if_inf(found_inf, params, self),
-        _skip_if_inf(found_inf, new_grads, grads) if grad_scale is not None else list(grads),
-        _skip_if_inf(found_inf, avgs, exp_avgs),
-        _skip_if_inf(found_inf, sqs, exp_avg_sqs),
-        _skip_if_inf(found_inf, maxes, max_exp_avg_sqs) if amsgrad else list(max_exp_avg_sqs),
-    )
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _fused_adam_step(decoupled, static, lists, lr, grad_scale, found_inf):
-    return _fused_adam(decoupled, *lists, lr, *static, grad_scale, found_inf)
-
-
-def _run_fused_adam(
-    decoupled, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, static, grad_scale, found_inf
-):
-    if not self:
-        return
-    lists = (self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
-    read = [[to_jax(t) for t in ts] for ts in lists] + [[_value(t) for t in state_steps]]
-    values = _fused_adam_step(decoupled, static, read, _value(lr), _value(grad_scale), _value(found_inf))
-    _write_lists(lists, values)
-
-
-@lower(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr, eager=True)
-def fused_adamw_(
-    self,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    *,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    _run_fused_adam(
-        True,
-        self,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        max_exp_avg_sqs,
-        state_steps,
-        lr,
-        (beta1, beta2, weight_decay, eps, amsgrad, maximize),
-        grad_scale,
-        found_inf,
-    )
-
-
-@lower(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, eager=True)
-def fused_adam_(
-    self,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    *,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    _run_fused_adam(
-        False,
-        self,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        max_exp_avg_sqs,
-        state_steps,
-        lr,
-        (beta1, beta2, weight_decay, eps, amsgrad, maximize),
-        grad_scale,
-        found_inf,
-    )
-
-
-# ---- AMP gradient scaling ---------------------------------------------------
-
-
-@lower(aten._amp_foreach_non_finite_check_and_unscale_.default)
-def amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
-    inv = inv_scale.reshape(())
-    unscaled = [(_opmath(x) * inv).astype(x.dtype) for x in self]
-    bad = jnp.zeros((), bool)
-    for x in unscaled:
-        bad = bad | ~jnp.all(jnp.isfinite(x))
-    return unscaled, jnp.where(bad, jnp.ones_like(found_inf), found_inf)
-
-
-@lower(aten._amp_update_scale_.default)
-def amp_update_scale_(self, growth_tracker, found_inf, scale_growth_factor, scale_backoff_factor, growth_interval):
-    scale, tracker, inf = self.reshape(()), growth_tracker.reshape(()), found_inf.reshape(()) != 0
-    successful = tracker + 1
-    grow = successful == growth_interval
-    grown = scale * scale_growth_factor
-    grown = jnp.where(jnp.isfinite(grown), grown, scale)
-    new_scale = jnp.where(inf, scale * scale_backoff_factor, jnp.where(grow, grown, scale))
-    new_tracker = jnp.where(inf | grow, 0, successful)
-    return new_scale.reshape(self.shape), new_tracker.reshape(growth_tracker.shape)

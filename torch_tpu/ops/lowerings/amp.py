@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.registry import aten, lower
 
 
@@ -32,3 +33,28 @@ def amp_update_scale(self, growth_tracker, found_inf, scale_growth_factor, scale
     scale = jnp.where(found, self * jnp.asarray(scale_backoff_factor, self.dtype), jnp.where(grow, grown, self))
     tracker = jnp.where(found | (successful == growth_interval), jnp.zeros_like(growth_tracker), successful)
     return scale, tracker
+
+
+# ---- AMP gradient scaling ---------------------------------------------------
+
+
+@lower(aten._amp_foreach_non_finite_check_and_unscale_.default)
+def amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
+    inv = inv_scale.reshape(())
+    unscaled = [(to_opmath(x) * inv).astype(x.dtype) for x in self]
+    bad = jnp.zeros((), bool)
+    for x in unscaled:
+        bad = bad | ~jnp.all(jnp.isfinite(x))
+    return unscaled, jnp.where(bad, jnp.ones_like(found_inf), found_inf)
+
+
+@lower(aten._amp_update_scale_.default)
+def amp_update_scale_(self, growth_tracker, found_inf, scale_growth_factor, scale_backoff_factor, growth_interval):
+    scale, tracker, inf = self.reshape(()), growth_tracker.reshape(()), found_inf.reshape(()) != 0
+    successful = tracker + 1
+    grow = successful == growth_interval
+    grown = scale * scale_growth_factor
+    grown = jnp.where(jnp.isfinite(grown), grown, scale)
+    new_scale = jnp.where(inf, scale * scale_backoff_factor, jnp.where(grow, grown, scale))
+    new_tracker = jnp.where(inf | grow, 0, successful)
+    return new_scale.reshape(self.shape), new_tracker.reshape(growth_tracker.shape)

@@ -11,7 +11,7 @@ from jax import lax
 
 from torch_tpu.ops import dispatcher
 from torch_tpu.ops.dtypes import jax_dtype, to_numpy_dtype
-from torch_tpu.ops.elementwise import cast
+from torch_tpu.ops.promotion import cast
 from torch_tpu.ops.registry import Lowering, aten, lower
 
 

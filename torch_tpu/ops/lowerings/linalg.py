@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -12,10 +13,11 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops import precision
-from torch_tpu.ops.dispatcher import from_jax, to_jax
+from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax
 
-_HIGHEST = lax.Precision.HIGHEST
+HIGHEST = lax.Precision.HIGHEST
 
 
 def _full_precision(fn):
@@ -37,7 +39,7 @@ def matmul(a: jax.Array, b: jax.Array, rounded: bool = True) -> jax.Array:
     """jnp.matmul; half floats accumulate in float32, as on CPU (rounded=False: the float32
     sums), and float32 takes torch.get_float32_matmul_precision() (ops/precision.py)."""
     if _is_low_float(a.dtype) and a.dtype == b.dtype:
-        product = jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32)
+        product = jnp.matmul(a, b, precision=HIGHEST, preferred_element_type=jnp.float32)
         return product.astype(a.dtype) if rounded else product
     return jnp.matmul(a, b, precision=precision.matmul(a, b))
 
@@ -399,3 +401,46 @@ def cholesky(self, upper=False):
 
 if hasattr(aten, "cholesky"):  # torch 2.14 removed aten::cholesky (and torch.cholesky)
     lower(aten.cholesky.default)(cholesky)
+
+
+# ---- cdist ------------------------------------------------------------------
+
+
+def _pairwise_diff(x1, x2):
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+    x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+    return x1[..., :, None, :] - x2[..., None, :, :]
+
+
+@lower(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode):
+    d = jnp.abs(_pairwise_diff(to_opmath(x1), to_opmath(x2)))
+    if p == 0:
+        return jnp.sum(d != 0, axis=-1).astype(d.dtype)
+    if p == 1:
+        return jnp.sum(d, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(d * d, axis=-1))
+    if math.isinf(p):
+        return jnp.max(d, axis=-1, initial=0)
+    return jnp.sum(d**p, axis=-1) ** (1 / p)
+
+
+@lower(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, cdist):
+    diff = _pairwise_diff(to_opmath(x1), to_opmath(x2))
+    g, dist = to_opmath(grad)[..., None], to_opmath(cdist)[..., None]
+    if p == 0:
+        local = jnp.zeros_like(diff)
+    elif p == 1:
+        local = jnp.sign(diff)
+    elif p == 2:
+        local = jnp.where(dist == 0, 0, diff / jnp.where(dist == 0, 1, dist))
+    elif math.isinf(p):
+        local = jnp.sign(diff) * (jnp.abs(diff) == dist)
+    else:
+        safe = jnp.where(dist == 0, 1, dist)
+        local = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
+        local = jnp.where((dist == 0) | ((diff == 0) & (p < 1)), 0, local)
+    return jnp.sum(local * g, axis=-2).reshape(x1.shape)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from torch_tpu.ops.dtypes import to_numpy_dtype
-from torch_tpu.ops.elementwise import cast, float_dtype, is_integral, opmath, require, result_dtype, type_name
+from torch_tpu.ops.dtypes import opmath, to_numpy_dtype, type_name
+from torch_tpu.ops.promotion import cast, float_dtype, is_integral, require, result_dtype
 from torch_tpu.ops.registry import aten, lower
 
 

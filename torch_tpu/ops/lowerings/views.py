@@ -10,41 +10,16 @@ shape may be symbolic) first, then the node's own arguments, sizes concrete.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import indexing
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
-from torch_tpu.ops.elementwise import cast
-from torch_tpu.ops.registry import aten
-
-_TABLE: dict = {}
-_RANDOM: set = set()
-
-
-def graph_lower(*ops, random: bool = False) -> Callable:
-    """Registers a graph-only lowering; a random one receives a jax PRNG key as `rng=`."""
-
-    def register(fn: Callable) -> Callable:
-        for op in ops:
-            _TABLE[op] = fn
-            if random:
-                _RANDOM.add(op)
-        return fn
-
-    return register
-
-
-def is_random(op) -> bool:
-    return op in _RANDOM
-
-
-def table() -> dict:
-    return dict(_TABLE)
+from torch_tpu.ops.lowerings import indexing
+from torch_tpu.ops.promotion import cast
+from torch_tpu.ops.registry import aten, graph_lower
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -201,7 +176,7 @@ def randn_like(out, x, *, rng, **kwargs):
 @graph_lower(aten.index_put.default)
 def index_put(out, x, indices, values, accumulate=False):
     """Integer indices only (the graph compiler runs bool masks eagerly)."""
-    return indexing._index_put(x, indices, values, accumulate)
+    return indexing.put_values(x, indices, values, accumulate)
 
 
 @graph_lower(aten.sym_size.int)
@@ -217,10 +192,3 @@ def sym_numel(out, x):
 @graph_lower(aten._assert_tensor_metadata.default, aten._assert_scalar.default)
 def no_op(out, *args, **kwargs):
     return None
-
-
-def is_graph_only(op) -> bool:
-    return op in _TABLE
-
-
-__all__ = ["graph_lower", "is_graph_only", "is_random", "table"]

@@ -1,0 +1,1 @@
+"""The ATen lowerings, one module per op family; `torch_tpu.ops.install` loads every module here."""

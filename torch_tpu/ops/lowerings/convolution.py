@@ -1,0 +1,94 @@
+"""Convolution and its backward op."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from torch_tpu.ops.dtypes import opmath, to_opmath
+from torch_tpu.ops.lowerings.common import HIGHEST, ntuple
+from torch_tpu.ops.registry import aten, lower
+
+# ---- convolution ------------------------------------------------------------
+
+
+def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
+    nd = input.ndim - 2
+    stride, padding, dilation = ntuple(stride, nd), ntuple(padding, nd), ntuple(dilation, nd)
+    spatial = "DHW"[3 - nd :]
+    dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+    out_dtype = input.dtype
+    preferred = jnp.float32 if opmath(out_dtype) != out_dtype else None
+    if not transposed:
+        out = lax.conv_general_dilated(
+            input,
+            weight,
+            stride,
+            [(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=dn,
+            feature_group_count=groups,
+            precision=HIGHEST,
+            preferred_element_type=preferred,
+        )
+        return out.astype(out_dtype)
+    # A transposed conv is the conv with a dilated input and the flipped, in/out-swapped kernel.
+    output_padding = ntuple(output_padding, nd)
+    cin, cout_g, *kernel = weight.shape
+    w = weight.reshape(groups, cin // groups, cout_g, *kernel)
+    w = jnp.swapaxes(w, 1, 2).reshape(groups * cout_g, cin // groups, *kernel)
+    w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+    pads = [(d * (k - 1) - p, d * (k - 1) - p + op) for k, p, d, op in zip(kernel, padding, dilation, output_padding)]
+    out = lax.conv_general_dilated(
+        input,
+        w,
+        (1,) * nd,
+        pads,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        dimension_numbers=dn,
+        feature_group_count=groups,
+        precision=HIGHEST,
+        preferred_element_type=preferred,
+    )
+    return out.astype(out_dtype)
+
+
+def _check_conv_params(stride, padding, dilation) -> None:
+    """CPU's ConvParams checks, which PyTorch's meta kernel leaves out."""
+    if any(s <= 0 for s in stride):
+        raise RuntimeError("non-positive stride is not supported")
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError("dilation should be greater than zero")
+
+
+@lower(aten.convolution.default)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    _check_conv_params(stride, padding, dilation)
+    out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2)).astype(out.dtype)
+    return out
+
+
+@lower(aten.convolution_backward.default)
+def convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    def f(x, w):
+        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+
+    _, vjp = jax.vjp(f, input, weight)
+    grad_input, grad_weight = vjp(grad_output.astype(input.dtype))
+    grad_bias = None
+    if output_mask[2]:
+        axes = (0, *tuple(range(2, grad_output.ndim)))
+        grad_bias = jnp.sum(to_opmath(grad_output), axis=axes)
+    return (
+        grad_input if output_mask[0] else None,
+        grad_weight if output_mask[1] else None,
+        grad_bias,
+    )

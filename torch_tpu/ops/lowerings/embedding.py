@@ -1,0 +1,166 @@
+"""Embedding backward and embedding bags."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from torch_tpu.ops.dtypes import to_opmath
+from torch_tpu.ops.registry import aten, lower
+
+# ---- embedding --------------------------------------------------------------
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    idx = indices.reshape(-1)
+    g = to_opmath(grad_output).reshape(idx.shape[0], -1)
+    if padding_idx >= 0:
+        g = jnp.where((idx == padding_idx)[:, None], 0, g)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
+
+
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+def _bag_of(indices, offsets, include_last_offset):
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    starts = offsets[:bags]
+    bag = jnp.searchsorted(starts, jnp.arange(indices.shape[0], dtype=starts.dtype), side="right") - 1
+    return jnp.clip(bag, 0, max(bags - 1, 0)).astype(jnp.int64), bags
+
+
+def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
+    bag, bags = _bag_of(indices, offsets, include_last_offset)
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    rows = to_opmath(weight)[indices]
+    # bag_size has one entry per offset, also with include_last_offset (the last is 0).
+    bag_size = jnp.zeros((offsets.shape[0],), jnp.int64).at[bag].add(valid.astype(jnp.int64))
+    max_indices = jnp.zeros((0,), jnp.int64)
+    if mode == _BAG_MAX:
+        masked = jnp.where(valid[:, None], rows, -jnp.inf)
+        top = jax.ops.segment_max(masked, bag, num_segments=bags)
+        first = jnp.where(
+            valid[:, None] & (masked == top[bag]), jnp.arange(indices.shape[0])[:, None], indices.shape[0]
+        )
+        arg = jax.ops.segment_min(first, bag, num_segments=bags)
+        empty = (bag_size[:bags] == 0)[:, None]
+        max_indices = jnp.where(empty, 0, indices[jnp.clip(arg, 0, max(indices.shape[0] - 1, 0))])
+        return jnp.where(empty, 0, top), bag, bag_size, max_indices
+    if per_sample_weights is not None:
+        rows = rows * to_opmath(per_sample_weights)[:, None]
+    out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, num_segments=bags)
+    if mode == _BAG_MEAN:
+        out = out / jnp.maximum(bag_size[:bags], 1)[:, None].astype(out.dtype)
+    return out, bag, bag_size, max_indices
+
+
+@lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=_BAG_SUM,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
+
+
+def _embedding_bag_grad(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx,
+):
+    g = to_opmath(grad)
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    if mode == _BAG_MAX:
+        dims = jnp.arange(g.shape[1])[None, :]
+        keep = (bag_size[: g.shape[0]] > 0)[:, None] & ((maximum_indices != padding_idx) if padding_idx >= 0 else True)
+        return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[maximum_indices, dims].add(jnp.where(keep, g, 0))
+    rows = g[offset2bag]
+    if mode == _BAG_MEAN:
+        rows = rows / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(rows.dtype)
+    elif per_sample_weights is not None:
+        rows = rows * to_opmath(per_sample_weights)[:, None]
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), rows.dtype).at[indices].add(1)
+        rows = rows / counts[indices][:, None]
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[indices].add(jnp.where(valid[:, None], rows, 0))
+
+
+@lower(aten._embedding_bag_backward.default)
+def embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    if sparse:
+        raise NotImplementedError("torch_tpu: sparse embedding_bag gradients are not supported on the tpu")
+    return _embedding_bag_grad(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
+
+
+@lower(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    return _embedding_bag_grad(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
+
+
+@lower(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    dots = jnp.sum(to_opmath(grad)[offset2bag] * to_opmath(weight)[indices], axis=1)
+    return jnp.where(indices != padding_idx, dots, 0) if padding_idx >= 0 else dots

@@ -1,0 +1,348 @@
+"""Pooling: max, avg, adaptive, fractional, unpooling, im2col/col2im (forward and backward)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from torch_tpu.ops.dtypes import opmath, to_opmath
+from torch_tpu.ops.lowerings.common import HIGHEST, ntuple
+from torch_tpu.ops.registry import aten, lower
+
+# ---- pooling ----------------------------------------------------------------
+
+
+def _pool_out_size(size, k, pad, stride, dilation, ceil_mode) -> int:
+    """at::pooling_output_shape."""
+    out = (size + 2 * pad - dilation * (k - 1) - 1 + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _pool_params(nd, kernel_size, stride, padding, dilation):
+    kernel = ntuple(kernel_size, nd)
+    stride = ntuple(stride, nd) if stride not in (None, [], ()) else kernel
+    return kernel, stride, ntuple(padding, nd), ntuple(dilation, nd)
+
+
+def _windows(x, nd, kernel, stride, padding, dilation, ceil_mode, fill):
+    """Every kernel tap's strided view of the padded input, stacked on axis -nd-1:
+    (..., K, *out); with a static (K, *out) mask of taps inside the input and
+    their flat in-plane indices."""
+    sizes = x.shape[-nd:]
+    outs = [
+        _pool_out_size(s, k, p, st, d, ceil_mode) for s, k, p, st, d in zip(sizes, kernel, padding, stride, dilation)
+    ]
+    lead = x.ndim - nd
+    pads = [(0, 0, 0)] * lead
+    for s, k, p, st, d, o in zip(sizes, kernel, padding, stride, dilation, outs):
+        pads.append((p, (o - 1) * st + (k - 1) * d + 1 - s - p, 0))
+    xp = lax.pad(x, jnp.array(fill, x.dtype), pads)
+    taps, valid, index = [], [], []
+    for offs in itertools.product(*[range(k) for k in kernel]):
+        start = [0] * lead + [o * d for o, d in zip(offs, dilation)]
+        limit = list(xp.shape[:lead]) + [s + (o - 1) * st + 1 for s, o, st in zip(start[lead:], outs, stride)]
+        taps.append(lax.slice(xp, start, limit, [1] * lead + list(stride)))
+        coords = np.meshgrid(
+            *[np.arange(o) * st - p + off * d for o, st, p, off, d in zip(outs, stride, padding, offs, dilation)],
+            indexing="ij",
+        )
+        inside = np.ones(outs, bool)
+        flat = np.zeros(outs, np.int64)
+        for c, s in zip(coords, sizes):
+            inside &= (c >= 0) & (c < s)
+            flat = flat * s + c
+        valid.append(inside)
+        index.append(flat)
+    return jnp.stack(taps, axis=lead), np.stack(valid), np.stack(index)
+
+
+def _lowest(dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -np.inf
+    return jnp.iinfo(dtype).min
+
+
+def _max_select(taps, valid, index, axis):
+    """Max over the tap axis and CPU's index: the first max, or the last nan."""
+    valid = jnp.asarray(valid)
+    m = jnp.max(taps, axis=axis)
+    hit = (taps == jnp.expand_dims(m, axis)) & valid
+    k = jnp.argmax(hit, axis=axis)
+    if jnp.issubdtype(taps.dtype, jnp.floating):
+        nan = jnp.isnan(taps) & valid
+        last_nan = taps.shape[axis] - 1 - jnp.argmax(jnp.flip(nan, axis), axis=axis)
+        k = jnp.where(jnp.any(nan, axis=axis), last_nan, k)
+    idx = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(index), taps.shape), jnp.expand_dims(k, axis), axis)
+    return m, jnp.squeeze(idx, axis).astype(jnp.int64)
+
+
+def _max_pool(nd, self, kernel_size, stride, padding, dilation, ceil_mode):
+    kernel, stride, padding, dilation = _pool_params(nd, kernel_size, stride, padding, dilation)
+    taps, valid, index = _windows(self, nd, kernel, stride, padding, dilation, ceil_mode, _lowest(self.dtype))
+    return _max_select(taps, valid, index, self.ndim - nd)
+
+
+@lower(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(2, self, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lower(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(3, self, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _scatter_to_plane(grad, indices, input_shape, nd):
+    """grad_input: each grad element added at its flat in-plane index."""
+    lead = input_shape[: len(input_shape) - nd]
+    plane = math.prod(input_shape[len(input_shape) - nd :])
+    batch = math.prod(lead)
+    g = to_opmath(grad).reshape(batch, -1)
+    idx = indices.reshape(batch, -1)
+    out = jnp.zeros((batch, plane), g.dtype).at[jnp.arange(batch)[:, None], idx].add(g, mode="drop")
+    return out.reshape(input_shape)
+
+
+@lower(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 2)
+
+
+@lower(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 3)
+
+
+def _avg_divisor(size, k, pad, stride, out, count_include_pad):
+    """Per-output divisor along one dim, as in CPU's avg_pool kernels."""
+    start = np.arange(out) * stride - pad
+    end = np.minimum(start + k, size + pad)
+    pool = end - start
+    valid = np.minimum(end, size) - np.maximum(start, 0)
+    return pool if count_include_pad else valid
+
+
+def _avg_pool(nd, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    kernel, stride, padding, _ = _pool_params(nd, kernel_size, stride, padding, 1)
+    x = to_opmath(self)
+    sizes = x.shape[-nd:]
+    outs = [_pool_out_size(s, k, p, st, 1, ceil_mode) for s, k, p, st in zip(sizes, kernel, padding, stride)]
+    lead = x.ndim - nd
+    pads = [(0, 0, 0)] * lead + [
+        (p, (o - 1) * st + k - s - p, 0) for s, k, p, st, o in zip(sizes, kernel, padding, stride, outs)
+    ]
+    xp = lax.pad(x, jnp.array(0, x.dtype), pads)
+    total = lax.reduce_window(xp, np.array(0, x.dtype), lax.add, (1,) * lead + kernel, (1,) * lead + stride, "VALID")
+    if divisor_override:
+        return total / divisor_override
+    divisor = np.ones(outs, np.float64)
+    for d, (s, k, p, st, o) in enumerate(zip(sizes, kernel, padding, stride, outs)):
+        shape = [1] * nd
+        shape[d] = o
+        divisor = divisor * _avg_divisor(s, k, p, st, o, count_include_pad).reshape(shape)
+    # Windows lying wholly in the padding give 0, not 0/0.
+    divisor = np.where(divisor > 0, divisor, 1)
+    return total / jnp.asarray(divisor, x.dtype)
+
+
+@lower(aten.avg_pool2d.default)
+def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(2, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lower(aten.avg_pool3d.default)
+def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(3, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _linear_backward(f, grad_output, self):
+    """The vjp of a linear function f of self at grad_output."""
+    _, vjp = jax.vjp(f, jnp.zeros(self.shape, opmath(self.dtype)))
+    return vjp(to_opmath(grad_output))[0]
+
+
+@lower(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    return _linear_backward(
+        lambda x: _avg_pool(2, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        grad_output,
+        self,
+    )
+
+
+@lower(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    return _linear_backward(
+        lambda x: _avg_pool(3, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        grad_output,
+        self,
+    )
+
+
+def _adaptive_bounds(size: int, out: int):
+    i = np.arange(out)
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+def _adaptive_avg_pool(nd, self, output_size):
+    x = to_opmath(self)
+    for d, out in enumerate(ntuple(output_size, nd)):
+        axis = x.ndim - nd + d
+        size = x.shape[axis]
+        start, end = _adaptive_bounds(size, out)
+        j = np.arange(size)
+        m = ((j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])) / (end - start)[:, None]
+        x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(m.T, x.dtype), axes=([axis], [0]), precision=HIGHEST), -1, axis)
+    return x
+
+
+@lower(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(self, output_size):
+    return _adaptive_avg_pool(2, self, output_size)
+
+
+@lower(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(self, output_size):
+    return _adaptive_avg_pool(3, self, output_size)
+
+
+@lower(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(grad_output, self):
+    return _linear_backward(lambda x: _adaptive_avg_pool(2, x, grad_output.shape[-2:]), grad_output, self)
+
+
+@lower(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad_output, self):
+    return _linear_backward(lambda x: _adaptive_avg_pool(3, x, grad_output.shape[-3:]), grad_output, self)
+
+
+def _adaptive_max_pool(nd, self, output_size):
+    sizes = self.shape[-nd:]
+    outs = ntuple(output_size, nd)
+    lead = self.ndim - nd
+    # Per dim: the (out, k) input positions of each window, padded by repeating its
+    # last position (a repeat never changes the max or the first index of it).
+    taps = []
+    for size, out in zip(sizes, outs):
+        start, end = _adaptive_bounds(size, out)
+        k = int(np.max(end - start))
+        taps.append(np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1))
+    grids = []
+    for d, t in enumerate(taps):
+        shape = [1] * (2 * nd)
+        shape[2 * d : 2 * d + 2] = t.shape
+        grids.append(t.reshape(shape))
+    # (..., o1, k1, o2, k2, ...) -> (..., k1, k2, ..., o1, o2, ...)
+    g = self[(Ellipsis, *grids)]
+    order = [2 * d + 1 for d in range(nd)] + [2 * d for d in range(nd)]
+    g = jnp.transpose(g, list(range(lead)) + [lead + i for i in order]).reshape((*self.shape[:lead], -1, *outs))
+    flat = 0
+    for size, grid in zip(sizes, grids):
+        flat = flat * size + grid
+    flat = np.broadcast_to(flat, [x for t in taps for x in t.shape]).transpose(order).reshape(-1, *outs)
+    return _max_select(g, np.ones(flat.shape, bool), flat, lead)
+
+
+@lower(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    return _adaptive_max_pool(2, self, output_size)
+
+
+@lower(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(self, output_size):
+    return _adaptive_max_pool(3, self, output_size)
+
+
+@lower(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 2)
+
+
+@lower(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 3)
+
+
+def _max_unpool(self, indices, output_size):
+    nd = len(output_size)
+    lead = self.shape[: self.ndim - nd]
+    batch = math.prod(lead)
+    x = self.reshape(batch, -1)
+    idx = indices.reshape(batch, -1)
+    out = jnp.zeros((batch, math.prod(output_size)), self.dtype)
+    out = out.at[jnp.arange(batch)[:, None], idx].set(x, mode="drop")
+    return out.reshape(tuple(lead) + tuple(output_size))
+
+
+@lower(aten.max_unpool2d.default)
+def max_unpool2d(self, indices, output_size):
+    return _max_unpool(self, indices, tuple(output_size))
+
+
+@lower(aten.max_unpool3d.default)
+def max_unpool3d(self, indices, output_size, stride, padding):
+    return _max_unpool(self, indices, tuple(output_size))
+
+
+def _im2col(x, kernel_size, dilation, padding, stride):
+    kernel, stride, padding, dilation = _pool_params(2, kernel_size, stride, padding, dilation)
+    taps, _, _ = _windows(x, 2, kernel, stride, padding, dilation, False, 0)  # (N, C, K, oh, ow)
+    lead = x.shape[:-3]
+    return taps.reshape((*lead, x.shape[-3] * taps.shape[-3], taps.shape[-2] * taps.shape[-1]))
+
+
+@lower(aten.im2col.default)
+def im2col(self, kernel_size, dilation, padding, stride):
+    return _im2col(self, kernel_size, dilation, padding, stride)
+
+
+@lower(aten.col2im.default)
+def col2im(self, output_size, kernel_size, dilation, padding, stride):
+    k = math.prod(ntuple(kernel_size, 2))
+    shape = (*self.shape[:-2], self.shape[-2] // k, *tuple(ntuple(output_size, 2)))
+    _, vjp = jax.vjp(lambda x: _im2col(x, kernel_size, dilation, padding, stride), jnp.zeros(shape, self.dtype))
+    return vjp(self)[0]
+
+
+def _fractional_starts(sample, size: int, out: int, k: int):
+    """CPU's generate_intervals: window starts (..., out) from a sample in [0, 1)."""
+    if out == 1:
+        return jnp.full((*sample.shape, 1), size - k, jnp.int32)
+    alpha = (size - k) / (out - 1)
+    i = jnp.arange(out - 1, dtype=sample.dtype)
+    starts = ((i + sample[..., None]) * alpha).astype(jnp.int32) - (sample * alpha).astype(jnp.int32)[..., None]
+    return jnp.concatenate([starts, jnp.full((*sample.shape, 1), size - k, jnp.int32)], axis=-1)
+
+
+@lower(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    x = self if self.ndim == 4 else self[None]
+    (kh, kw), (oh, ow) = ntuple(kernel_size, 2), ntuple(output_size, 2)
+    H, W = x.shape[-2:]
+    samples = random_samples.reshape(x.shape[0], x.shape[1], 2)
+    hidx = (_fractional_starts(samples[..., 1], H, oh, kh)[..., None] + jnp.arange(kh)).reshape(*x.shape[:2], -1)
+    widx = (_fractional_starts(samples[..., 0], W, ow, kw)[..., None] + jnp.arange(kw)).reshape(*x.shape[:2], -1)
+    rows = jnp.take_along_axis(x, hidx[..., None], axis=2)  # (N, C, oh*kh, W)
+    taps = jnp.take_along_axis(rows, widx[:, :, None, :], axis=3).reshape(*x.shape[:2], oh, kh, ow, kw)
+    flat = (hidx[..., None] * W + widx[:, :, None, :]).reshape(taps.shape)
+    order = (0, 1, 3, 5, 2, 4)  # -> (N, C, kh, kw, oh, ow)
+    taps = jnp.transpose(taps, order).reshape(*x.shape[:2], -1, oh, ow)
+    flat = jnp.transpose(flat, order).reshape(taps.shape)
+    out, idx = _max_select(taps, np.ones(taps.shape[-3:], bool), flat, 2)
+    return (out, idx) if self.ndim == 4 else (out[0], idx[0])
+
+
+@lower(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 2)

@@ -1,0 +1,120 @@
+"""Tpu tensors as jax arrays: a tensor's buffer and geometry, reading it as an array, writing
+an array into it, wrapping an array as a new tensor."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from torch_tpu import _C, metrics
+from torch_tpu.ops import geometry as geo
+from torch_tpu.ops import spmd
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, to_numpy_dtype
+from torch_tpu.ops.geometry import check_no_internal_overlap
+from torch_tpu.runtime import client
+
+# Set by torch_tpu/compile/lazy.py while ops are recorded lazily (its _Recorder): the dispatcher
+# records ops through it, and from_jax/write_jax record eager lowerings' pending values.
+lazy = None
+
+
+def buffer_of(t: torch.Tensor) -> jax.Array:
+    """The flat buffer behind a tpu tensor; unwritten storage becomes zeros."""
+    buf = _C._get_buffer(t)
+    if buf is None:
+        storage = t.untyped_storage()
+        itemsize = t.element_size()
+        n = storage.nbytes() // itemsize
+        buf = _zeros(n, TORCH_TO_NUMPY[t.dtype], t.device.index)
+        _C._set_buffer(storage, buf, t.dtype, n)
+    return buf
+
+
+@functools.cache
+def _zeros_fn(n: int, dtype: np.dtype, device: int) -> Callable:
+    sharding = jax.sharding.SingleDeviceSharding(client.jax_device(device))
+    return jax.jit(lambda: jnp.zeros(n, dtype), out_shardings=sharding)
+
+
+def _zeros(n: int, dtype: np.dtype, device: int) -> jax.Array:
+    """Zeros made on the device (no host buffer, no transfer)."""
+    return _zeros_fn(n, dtype, device)()
+
+
+def tensor_geometry(t: torch.Tensor, buf: jax.Array):
+    dtype = TORCH_TO_NUMPY.get(t.dtype)
+    if dtype is None:
+        raise TypeError(f"tpu tensors do not support dtype {t.dtype}")
+    return geo.Geometry(tuple(t.shape), tuple(t.stride()), t.storage_offset(), dtype, buf.dtype, buf.size)
+
+
+def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new tpu tensor holding `array` (used by eager lowerings)."""
+    if dtype is None:
+        dtype = NUMPY_TO_TORCH[np.dtype(array.dtype)]
+    if lazy is not None and lazy.pending(array):
+        return lazy.wrap(array, device, dtype)
+    if array.dtype != to_numpy_dtype(dtype):
+        array = array.astype(to_numpy_dtype(dtype))
+    sharded = spmd.layer is not None and len(array.sharding.device_set) > 1
+    buf = array if sharded else reshape(array, (-1,))  # a sharded array keeps its shape
+    return _C._wrap(buf, list(array.shape), dtype, device)
+
+
+_read_jit_cache: dict = {}
+
+
+@functools.cache
+def _reshaper(shape: tuple[int, ...]) -> Callable:
+    return jax.jit(lambda a: a.reshape(shape))
+
+
+def reshape(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """`array.reshape(shape)` through a cached executable: eager jnp reshapes cost ~5x more."""
+    if tuple(array.shape) == tuple(shape):
+        return array
+    return _reshaper(tuple(shape))(array)
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """The value of a tpu tensor as a jax array of its shape (eager lowerings)."""
+    buf = buffer_of(t)
+    g = tensor_geometry(t, buf)
+    if g.is_whole:
+        return reshape(buf, g.sizes)
+    fn = _read_jit_cache.get(g)
+    if fn is None:
+        fn = _read_jit_cache[g] = jax.jit(lambda b, g=g: geo.read(b, g))
+    metrics.bump("executions")
+    return fn(buf)
+
+
+def write_jax(t: torch.Tensor, value: jax.Array) -> None:
+    """Writes `value` into the tpu tensor `t` (a view writes through to its base)."""
+    if lazy is not None and lazy.pending(value):
+        return lazy.write(t, value)
+    buf = buffer_of(t)
+    g = tensor_geometry(t, buf)
+    if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:
+        value = reshape(value, buf.shape)
+        _C._set_buffer(t, value if spmd.layer is None else spmd.layer.keep_layout(buf, value), t.dtype, g.numel)
+        return
+    check_no_internal_overlap(g)
+    if spmd.layer is not None:
+        pair = [buf, value]
+        spmd.layer.place_inputs(pair, [])
+        buf, value = pair
+    key = ("write", g, value.shape, value.dtype)
+    fn = _read_jit_cache.get(key)
+    if fn is None:
+        fn = _read_jit_cache[key] = jax.jit(lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes)))
+    metrics.bump("executions")
+    new = fn(buf, value)
+    if spmd.layer is not None:
+        new = spmd.layer.keep_layout(buf, new)
+    _C._set_buffer(t, new, t.dtype, new.size)
