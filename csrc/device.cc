@@ -21,6 +21,7 @@
 #include "csrc/core/buffer_registry.h"
 #include "csrc/core/device_registry.h"
 #include "csrc/device_buffer.h"
+#include "csrc/host_allocator.h"
 
 namespace torch_tpu {
 namespace {
@@ -221,7 +222,9 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     TORCH_CHECK(device >= 0, "pointer ", data, " is not a tpu buffer address");
     return Device(kTpu, static_cast<DeviceIndex>(device));
   }
-  at::Allocator* getPinnedMemoryAllocator() const override { return at::getCPUAllocator(); }
+  /** pin_memory()'s allocator (host_allocator.cc); is_pinned() is true for its blocks only. */
+  at::Allocator* getPinnedMemoryAllocator() const override { return host_allocator(); }
+  bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
   DeviceIndex deviceCount() const override {
     return static_cast<DeviceIndex>(DeviceRegistry::instance().device_count());
   }

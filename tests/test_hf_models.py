@@ -12,7 +12,8 @@ import pytest
 import torch
 import transformers
 
-from tests.helpers import native_only
+import torch_tpu
+from tests.helpers import assert_no_fallbacks, native_only
 
 VOCAB = 128
 
@@ -46,7 +47,20 @@ def _gpt2() -> transformers.PreTrainedModel:
     return transformers.GPT2LMHeadModel(config)
 
 
-MODELS = {"llama": _llama, "qwen2": _qwen2, "gpt2": _gpt2}
+def _mixtral() -> transformers.PreTrainedModel:
+    # Sparse MoE: torch._grouped_mm over 4 experts; router logits make the loss count experts with
+    # an int32 histc (the aux loss).
+    config = transformers.MixtralConfig(
+        **{**_DECODER, "num_hidden_layers": 1},
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.01,
+    )
+    return transformers.MixtralForCausalLM(config)
+
+
+MODELS = {"llama": _llama, "qwen2": _qwen2, "gpt2": _gpt2, "mixtral": _mixtral}
 
 
 @pytest.fixture(params=sorted(MODELS))
@@ -75,6 +89,7 @@ def test_forward_logits_match_cpu(models):
 def test_three_training_steps_match_cpu(models):
     losses = []
     for model, device in zip(models, ("cpu", "tpu")):
+        torch_tpu.metrics.reset()
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         run = []
@@ -86,6 +101,7 @@ def test_three_training_steps_match_cpu(models):
             optimizer.step()
             run.append(loss.item())
         losses.append(run)
+    assert_no_fallbacks()  # of the tpu run
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-5)
     for (name, p_cpu), p_tpu in zip(models[0].named_parameters(), models[1].parameters()):
         torch.testing.assert_close(p_tpu.detach().cpu(), p_cpu.detach(), rtol=1e-4, atol=1e-4, msg=name)

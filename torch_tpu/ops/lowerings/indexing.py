@@ -16,6 +16,7 @@ function with that static size.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -345,6 +346,16 @@ def masked_scatter_(self, mask, source):
 # ---- advanced indexing: index.Tensor, _index_put_impl_ -----------------------------
 
 
+def _warn_byte_indices(indices) -> None:
+    """CPU's expandTensors warns at each use of a uint8 mask."""
+    for idx in indices:
+        if idx is not None and idx.dtype == torch.uint8:
+            warnings.warn(
+                "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
+                stacklevel=2,
+            )
+
+
 def _prepare_indices(self: torch.Tensor, indices) -> list:
     """CPU's expandTensors: bool/byte masks become their nonzero() coordinates,
     CPU index tensors move to the device, and integer indices are range-checked."""
@@ -415,6 +426,7 @@ _index_kernel = dispatcher.make_kernel(aten.index.Tensor, Lowering(_index), Fals
 
 @lower(aten.index.Tensor, eager=True)
 def index(self, indices):
+    _warn_byte_indices(indices)
     return _index_kernel(self, _prepare_indices(self, indices))
 
 
@@ -478,6 +490,7 @@ def _is_mask_put(self: torch.Tensor, indices, values: torch.Tensor) -> bool:
 
 @lower(aten._index_put_impl_.default, eager=True)
 def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
+    _warn_byte_indices(indices)
     masks = [i for i in indices if i is not None]
     # CPU's masked_fill shortcut (one mask, a CPU scalar value) casts the value.
     masked_fill = (

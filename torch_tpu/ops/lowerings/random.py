@@ -29,6 +29,10 @@ def uniform_(self, low=0.0, high=1.0, *, rng):
     require("check_uniform_bounds", self.dtype, bool_ok=False, int_ok=False)
     if low > high:
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        # As CPU: the real and the imaginary part each uniform in [low, high).
+        parts = jax.random.uniform(rng, (*self.shape, 2), jnp.finfo(self.dtype).dtype, low, high)
+        return lax.complex(parts[..., 0], parts[..., 1])
     if low == 0.0 and high == 1.0:
         return jax.random.uniform(rng, self.shape, self.dtype)
     return jax.random.uniform(rng, self.shape, self.dtype, low, high)
