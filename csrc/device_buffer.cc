@@ -17,6 +17,9 @@ using core::BufferRegistry;
 void delete_buffer(void* ctx) { delete static_cast<DeviceBuffer*>(ctx); }
 
 PyObject* g_memory_info_hook = nullptr;  // owned reference, or null
+PyObject* g_lazy_type = nullptr;         // owned references, or null
+PyObject* g_lazy_resolver = nullptr;
+bool g_lazy_recording = false;
 
 c10::CachingAllocator::Stat stat(int64_t current, int64_t peak, int64_t allocated, int64_t freed) {
   c10::CachingAllocator::Stat s;
@@ -102,11 +105,33 @@ DeviceBuffer::~DeviceBuffer() {
   }
 }
 
-PyObject* DeviceBuffer::array() const {
+PyObject* DeviceBuffer::array(bool force) {
+  if (array_ != nullptr && g_lazy_type != nullptr && reinterpret_cast<PyObject*>(Py_TYPE(array_)) == g_lazy_type) {
+    PyObject* value = PyObject_CallFunction(g_lazy_resolver, "OO", array_, force ? Py_True : Py_False);
+    if (value == nullptr) {
+      return nullptr;
+    }
+    if (value != array_) {  // resolved: the storage holds the concrete array from now on
+      set_array(value, array_dtype_, array_numel_);
+    }
+    return value;
+  }
   PyObject* result = array_ != nullptr ? array_ : Py_None;
   Py_INCREF(result);
   return result;
 }
+
+void set_lazy_hook(PyObject* type, PyObject* resolver) {
+  Py_XINCREF(type);
+  Py_XINCREF(resolver);
+  Py_XDECREF(g_lazy_type);
+  Py_XDECREF(g_lazy_resolver);
+  g_lazy_type = type;
+  g_lazy_resolver = resolver;
+}
+
+void set_lazy_recording(bool on) { g_lazy_recording = on; }
+bool lazy_recording() { return g_lazy_recording; }
 
 void DeviceBuffer::set_array(PyObject* array, c10::ScalarType dtype, int64_t numel) {
   PyObject* old = array_;
@@ -161,7 +186,12 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
   c10::DataPtr new_ptr = allocate_buffer(device, new_nbytes);
   if (old_ptr.get_deleter() == &delete_buffer) {
     PyGILState_STATE state = PyGILState_Ensure();
-    PyObject* array = buffer_of(storage).array();
+    PyObject* array = buffer_of(storage).array(/*force=*/false);
+    if (array == nullptr) {
+      PyErr_Clear();
+      array = Py_None;
+      Py_INCREF(array);
+    }
     // The array keeps its old length; reads pad it to the new size.
     static_cast<DeviceBuffer*>(new_ptr.get_context())
         ->set_array(array, buffer_of(storage).array_dtype(), buffer_of(storage).array_numel());

@@ -25,8 +25,10 @@ class DeviceBuffer {
   size_t nbytes() const { return nbytes_; }
   void* address() const { return reinterpret_cast<void*>(address_); }
 
-  // New reference, or Py_None. Caller holds the GIL.
-  PyObject* array() const;
+  // New reference, or Py_None. Caller holds the GIL. A pending lazy value
+  // (see set_lazy_hook) is resolved first: always when `force`, else only
+  // when it already has its value. Null with a Python error set if that fails.
+  PyObject* array(bool force = true);
   // Increments `array`. `dtype`/`numel` describe it when the caller knows them
   // (Undefined/-1 otherwise); they let the dispatcher take its fast path.
   // Caller holds the GIL.
@@ -38,7 +40,7 @@ class DeviceBuffer {
   int device_;
   size_t nbytes_;
   uintptr_t address_;
-  PyObject* array_ = nullptr;
+  PyObject* array_ = nullptr;  // a jax.Array, or a lazy value (torch_tpu/compile/lazy.py)
   c10::ScalarType array_dtype_ = c10::ScalarType::Undefined;
   int64_t array_numel_ = -1;
 };
@@ -50,6 +52,15 @@ c10::Allocator* tpu_allocator();
 // The Python callable (index -> (free, total)) behind the allocator's getMemoryInfo
 // (torch.accelerator.get_memory_info). Caller holds the GIL.
 void set_memory_info_hook(PyObject* hook);
+
+// The lazy-value type and its resolver (value, force) -> the concrete array, or the
+// value itself while it is still pending and not forced. Caller holds the GIL.
+void set_lazy_hook(PyObject* type, PyObject* resolver);
+
+// Whether lazy mode records ops: then the dispatcher's argument reads do not force
+// pending values (every other read does).
+void set_lazy_recording(bool on);
+bool lazy_recording();
 
 // Makes a DataPtr owning a fresh DeviceBuffer on `device`.
 c10::DataPtr allocate_buffer(int device, size_t nbytes);

@@ -29,9 +29,14 @@ c10::Storage storage_arg(const py::handle& obj) {
   return py::cast<c10::Storage>(obj);
 }
 
-py::object get_buffer(const py::handle& obj) {
-  return py::reinterpret_steal<py::object>(buffer_of(storage_arg(obj)).array());
+py::object checked(PyObject* array) {
+  if (array == nullptr) {
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(array);
 }
+
+py::object get_buffer(const py::handle& obj) { return checked(buffer_of(storage_arg(obj)).array()); }
 
 void set_buffer(const py::handle& obj, const py::handle& array, std::optional<at::ScalarType> dtype,
                 std::optional<int64_t> numel) {
@@ -47,8 +52,8 @@ py::object arg_info(const py::handle& obj) {
   if (t.device().type() != c10::DeviceType::PrivateUse1) {
     return py::none();
   }
-  const DeviceBuffer& buffer = buffer_of(t.storage());
-  py::object array = py::reinterpret_steal<py::object>(buffer.array());
+  DeviceBuffer& buffer = buffer_of(t.storage());
+  py::object array = checked(buffer.array(/*force=*/!lazy_recording()));
   py::object key = py::none();
   if (!array.is_none() && t.storage_offset() == 0 && buffer.array_dtype() == t.scalar_type() &&
       buffer.array_numel() == t.numel() && t.is_contiguous()) {
@@ -139,6 +144,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_buffer", &set_buffer, py::arg("storage"), py::arg("array"), py::arg("dtype") = py::none(),
         py::arg("numel") = py::none());
   m.def("_arg_info", &arg_info, py::arg("tensor"));
+  m.def("_set_lazy_hook", [](const py::object& type, const py::object& resolver) {
+    set_lazy_hook(type.is_none() ? nullptr : type.ptr(), type.is_none() ? nullptr : resolver.ptr());
+  }, py::arg("type"), py::arg("resolver"));
+  m.def("_set_lazy_recording", &set_lazy_recording, py::arg("on"));
   m.def("_wrap", &wrap, py::arg("array"), py::arg("sizes"), py::arg("dtype"), py::arg("device"));
 
   m.def("_memory_stats", &memory_stats, py::arg("device"));

@@ -69,10 +69,28 @@ if not _is_tpu_info_command():
 
 
 def sync() -> None:
-    """Waits for all queued work on all tpu devices."""
+    """Runs ops recorded in lazy mode, then waits for all queued work on all tpu devices."""
     from torch_tpu.runtime import client
 
+    lazy = _sys.modules.get("torch_tpu.compile.lazy")
+    if lazy is not None:
+        lazy.sync()
     client.synchronize()
+
+
+def eager_mode(enabled: bool):
+    """`eager_mode(True)` runs tpu ops one by one (the default); `eager_mode(False)` records
+    them and runs them as one fused executable at `sync()` or when a value is read.
+    Takes effect at once, and as a context manager restores the previous mode on exit."""
+    from torch_tpu.compile import lazy
+
+    return lazy.eager_mode(enabled)
+
+
+def is_eager_mode() -> bool:
+    """False while ops are recorded lazily (`eager_mode(False)`)."""
+    lazy = _sys.modules.get("torch_tpu.compile.lazy")
+    return lazy is None or lazy.is_eager_mode()
 
 
 def platform() -> str:

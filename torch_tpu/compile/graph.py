@@ -4,7 +4,8 @@ The graph is lowered node by node through the same lowering table the eager
 dispatcher uses (plus the graph-only ops in ops/lowerings/views.py), traced into one jax
 function, and compiled once per concrete input signature: the geometry and
 dtype of every tpu tensor, and the value of every Python number (SymInts are
-static, so a dynamic dimension recompiles per concrete size). Compiles go
+static: a graph with symbolic sizes runs at bucketed sizes where its ops pad
+safely, compile/buckets.py, and else recompiles per concrete size). Compiles go
 through jax's compile path and so through the persistent cache.
 
 Nodes no jax function covers (data-dependent ops, unlowered ops) split the
@@ -32,7 +33,7 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics
-from torch_tpu.compile import async_compile, donation
+from torch_tpu.compile import async_compile, buckets, donation
 from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import precision, registry, schema, tensors
@@ -480,6 +481,11 @@ class GraphRunner:
         self.num_random = sum(
             1 for s in self.steps if isinstance(s, Segment) for n in s.nodes if s.lowered[n].random_index is not None
         )
+        # Symbolic sizes: run at bucketed sizes where every op pads safely (compile/buckets.py).
+        opts = options or compile_options.DEFAULT
+        self.buckets = (
+            buckets.Buckets(self, opts) if opts.dynamic_buckets != () and buckets.Buckets.applies(self) else None
+        )
 
     def _partition(self, graph) -> None:
         lowered: dict[Node, _Lowered] = {}
@@ -548,6 +554,14 @@ class GraphRunner:
     def __call__(self, *args) -> list:
         if len(args) == 1 and type(args[0]) is list:  # boxed: one list, which we may clear
             args = args[0]
+        if tensors.lazy is not None:  # lazy mode: run what is recorded, the graph reads it
+            tensors.lazy.flush()
+        if self.buckets is not None:
+            outs = self.buckets(list(args))
+            if outs is not None:
+                if type(args) is list:
+                    args.clear()
+                return outs
         env: dict[Node, Any] = dict(zip(self.placeholders, args))
         env.update(self.constants)
         if type(args) is list:

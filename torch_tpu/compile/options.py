@@ -14,8 +14,10 @@ inductor modes map to what they can mean here:
 
 Options (all optional; an unknown key raises ValueError listing these):
 
-- "dynamic_buckets": increasing positive ints; a dynamic dimension is padded up
-  to the next bucket so that sizes share executables (None: off).
+- "dynamic_buckets": None (the default: powers of two), strictly increasing positive
+  ints (a size above the largest compiles at its exact size), or False (off): a
+  symbolic (dynamic) size is padded up to its bucket, so that sizes share executables
+  (compile/buckets.py).
 - "donate_buffers": bool; donate inputs the graph overwrites to XLA (never a
   buffer another live tensor or view can still read).
 - "matmul_precision": "default" | "high" | "highest" (also jax's names
@@ -71,7 +73,7 @@ class CompileOptions:
     def as_dict(self) -> dict[str, Any]:
         """The options as `options=` would give them (round-trips through `parse`)."""
         return {
-            "dynamic_buckets": list(self.dynamic_buckets) if self.dynamic_buckets is not None else None,
+            "dynamic_buckets": _buckets_option(self.dynamic_buckets),
             "donate_buffers": self.donate_buffers,
             "matmul_precision": self.matmul_precision,
             "xla_flags": dict(self.xla_flags),
@@ -90,6 +92,12 @@ class CompileOptions:
         from torch_tpu.ops import precision
 
         return precision.overridden(_PRECISIONS[self.matmul_precision])
+
+
+def _buckets_option(buckets: tuple[int, ...] | None):
+    if buckets is None or buckets == ():
+        return None if buckets is None else False
+    return list(buckets)
 
 
 DEFAULT = CompileOptions()
@@ -125,6 +133,8 @@ def _bool(name: str, value) -> bool:
 def _buckets(value) -> tuple[int, ...] | None:
     if value is None:
         return None
+    if value is False:
+        return ()
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise TypeError(f'option "dynamic_buckets" must be a sequence of positive ints, got {value!r}')
     buckets = tuple(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -111,4 +112,7 @@ def synchronize(device: DeviceLike = None) -> None:
     index = _index(device)
     if index >= 0:
         _ordinal(index)
+    lazy = sys.modules.get("torch_tpu.compile.lazy")  # ops recorded in lazy mode run first
+    if lazy is not None:
+        lazy.sync()
     client.synchronize()

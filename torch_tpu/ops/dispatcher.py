@@ -24,7 +24,7 @@ from torch._ops import OpOverload
 from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import precision, spmd
+from torch_tpu.ops import precision, spmd, tensors
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering
@@ -163,10 +163,22 @@ def _meta_device(x):
 
 
 class _Entry:
-    __slots__ = ("fresh_meta", "mutable_shapes", "mutable_specs", "out_tree", "run")
+    __slots__ = (
+        "compiled",
+        "fresh_meta",
+        "lazy_avals",
+        "mutable_shapes",
+        "mutable_specs",
+        "out_tree",
+        "run",
+        "traceable",
+    )
 
     def __init__(self, run, fresh_meta, mutable_shapes):
         self.run = run
+        self.traceable = None  # the jitted lowering (lazy mode traces it); None for a loaded executable
+        self.compiled = False  # run has been called (jax compiled it); lazy mode only traces it
+        self.lazy_avals = None  # the flat results' shapes, for lazy mode
         self.fresh_meta = fresh_meta
         self.mutable_shapes = mutable_shapes  # meta shapes of mutable args after the op
         self.out_tree = None
@@ -253,6 +265,7 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
         entry.run = jax.jit(run, out_shardings=sharding)
     else:
         entry.run = jax.jit(run)
+    entry.traceable = entry.run
     if persist is not None:  # compiled at the first call, then kept on disk with what the trace set
         entry.run = executable_cache.FirstCall(entry.run, persist, lambda: _entry_state(entry), entry, "run")
     return entry
@@ -352,23 +365,25 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
             if plan.out_names and _resize_out_args(plan, bound, entry):
                 return kernel(*args, **kwargs)
             _cache.put(key, entry)
-            if not loaded:
-                metrics.bump("op_compiles")
-                if debug.enabled():
-                    debug.log("compile", f"{op} for {_describe(sig)}")
+            if loaded:
+                entry.compiled = True  # loaded from disk: nothing to compile
+            elif debug.enabled():
+                debug.log("compile", f"{op} for {_describe(sig)}")
+        if tensors.lazy is not None and spmd.layer is None:
+            if entry.traceable is None:  # a loaded executable: lazy mode traces the lowering itself
+                entry.traceable = _build(plan, lowering, call, bound, aliases).traceable
+            rng_data = key_data(call.generator, device, 1)[0] if lowering.random else None
+            flat = tensors.lazy.record(entry, call.inputs, rng_data, device)
         else:
-            metrics.bump("op_cache_hits")
-        rng = None
-        if lowering.random:
-            rng = key_from_data_jit(key_data(call.generator, device, 1)[0])
-        try:
-            flat = entry.run(call.inputs, rng)
-        except jax.errors.JaxRuntimeError as error:
-            memory.raise_if_out_of_memory(error, device, str(op))
-            raise
-        if compile_start is not None:  # jax.jit traces and compiles on the first call
-            metrics.record_compile("op", time.perf_counter() - compile_start)
-        metrics.bump("executions")
+            if tensors.lazy is not None:
+                call.inputs = tensors.lazy.concrete(call.inputs)
+            if entry.compiled:
+                metrics.bump("op_cache_hits")
+            else:
+                entry.compiled = True
+                metrics.bump("op_compiles")
+                compile_start = compile_start or time.perf_counter()
+            flat = _execute(entry, lowering, call, device, compile_start, op)
         fresh_values, new_buffers = jax.tree_util.tree_unflatten(entry.out_tree, flat)
         fresh = [_wrap_tree(v, m, device) for v, m in zip(fresh_values, entry.fresh_meta)]
         for t, buf, spec in zip(_mutable_tensors(plan, bound), new_buffers, entry.mutable_specs):
@@ -385,6 +400,21 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
 
     kernel.__name__ = f"tpu_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
+
+
+def _execute(entry: _Entry, lowering: Lowering, call: _Call, device: int, compile_start, op) -> list:
+    rng = None
+    if lowering.random:
+        rng = key_from_data_jit(key_data(call.generator, device, 1)[0])
+    try:
+        flat = entry.run(call.inputs, rng)
+    except jax.errors.JaxRuntimeError as error:
+        memory.raise_if_out_of_memory(error, device, str(op))
+        raise
+    if compile_start is not None:  # jax.jit traces and compiles on the first call
+        metrics.record_compile("op", time.perf_counter() - compile_start)
+    metrics.bump("executions")
+    return flat
 
 
 def _resize_out_args(plan: OpPlan, bound: list, entry: _Entry) -> bool:

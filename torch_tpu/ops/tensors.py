@@ -18,6 +18,10 @@ from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.runtime import client, executable_cache
 
+# Set by torch_tpu/compile/lazy.py while ops are recorded lazily (its _Recorder): the dispatcher
+# records ops through it, and from_jax/write_jax record eager lowerings' pending values.
+lazy = None
+
 
 def buffer_of(t: torch.Tensor) -> jax.Array:
     """The flat buffer behind a tpu tensor; unwritten storage becomes zeros."""
@@ -55,7 +59,9 @@ def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) ->
     """A new tpu tensor holding `array` (used by eager lowerings)."""
     if dtype is None:
         dtype = NUMPY_TO_TORCH[np.dtype(array.dtype)]
-    elif array.dtype != to_numpy_dtype(dtype):
+    if lazy is not None and lazy.pending(array):
+        return lazy.wrap(array, device, dtype)
+    if array.dtype != to_numpy_dtype(dtype):
         array = array.astype(to_numpy_dtype(dtype))
     sharded = spmd.layer is not None and len(array.sharding.device_set) > 1
     buf = array if sharded else reshape(array, (-1,))  # a sharded array keeps its shape
@@ -92,6 +98,8 @@ def to_jax(t: torch.Tensor) -> jax.Array:
 
 def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     """Writes `value` into the tpu tensor `t` (a view writes through to its base)."""
+    if lazy is not None and lazy.pending(value):
+        return lazy.write(t, value)
     buf = buffer_of(t)
     g = tensor_geometry(t, buf)
     if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:

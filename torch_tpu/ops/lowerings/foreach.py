@@ -14,7 +14,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops import precision
+from torch_tpu.ops import precision, tensors
 from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
@@ -266,6 +266,9 @@ def _run_per_scalar(name, self, others, scalars):
         return []
     if any(not t.is_floating_point() for t in self) and any(isinstance(v, float) for v in _as_values(scalars)):
         raise RuntimeError("result type Float can't be cast to the desired output type " + str(self[0].dtype))
+    if tensors.lazy is not None:  # lazy mode: recorded, not run
+        lists = [[tensors.lazy.read(t) for t in ts] for ts in (self, *others)]
+        return tensors.lazy.call(_per_scalar_step, (name,), lists, _scalar_array(scalars, self))
     lists = [[to_jax(t) for t in ts] for ts in (self, *others)]
     metrics.bump("executions")
     return _per_scalar_step(name, lists, _scalar_array(scalars, self))

@@ -1,0 +1,172 @@
+"""torch_tpu.eager_mode: op by op (the default) or lazy, fused at sync or when a value is read."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import torch_tpu
+
+
+@pytest.fixture(autouse=True)
+def _eager_after():
+    torch_tpu.metrics.reset()
+    yield
+    torch_tpu.eager_mode(True)
+
+
+def _counts() -> dict:
+    return torch_tpu.metrics.counters()
+
+
+def test_mode_switch_and_context_manager():
+    assert torch_tpu.is_eager_mode()
+    with torch_tpu.eager_mode(False):
+        assert not torch_tpu.is_eager_mode()
+        with torch_tpu.eager_mode(True):
+            assert torch_tpu.is_eager_mode()
+        assert not torch_tpu.is_eager_mode()
+    assert torch_tpu.is_eager_mode()
+    torch_tpu.eager_mode(False)
+    assert not torch_tpu.is_eager_mode()
+    torch_tpu.eager_mode(True)
+    assert torch_tpu.is_eager_mode()
+
+
+def test_ops_run_only_when_read_and_fuse():
+    a = torch.randn(8, 8)
+    b = torch.randn(8, 8)
+    x, y = a.to("tpu"), b.to("tpu")
+    torch_tpu.metrics.reset()
+    with torch_tpu.eager_mode(False):
+        z = torch.relu(x @ y + 1.0).sum(0) * 2
+        before = _counts()
+        assert before["executions"] == 0 and before["op_compiles"] == 0
+        assert before["lazy_ops"] == 4 + 1  # mm, add, relu, sum, mul
+        got = z.cpu()  # reading the value runs the trace: one executable
+    after = _counts()
+    assert after["executions"] == 1 and after["graph_compiles"] == 1
+    torch.testing.assert_close(got, torch.relu(a @ b + 1.0).sum(0) * 2)
+
+
+def test_same_sequence_hits_the_cache():
+    x = torch.randn(16).to("tpu")
+    results = []
+    with torch_tpu.eager_mode(False):
+        for i in range(3):
+            results.append((x * (i + 1)).exp().sum().item())
+    c = _counts()
+    assert c["graph_compiles"] == 1 and c["graph_cache_hits"] == 2
+    cpu = x.cpu()
+    assert results == pytest.approx([(cpu * (i + 1)).exp().sum().item() for i in range(3)], rel=1e-6)
+
+
+def test_views_and_inplace_keep_their_semantics():
+    base_cpu = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    base = base_cpu.to("tpu")
+    with torch_tpu.eager_mode(False):
+        row = base[1]
+        col = base[:, 2]
+        row.mul_(10)  # writes through the view into the base
+        col.add_(0.5)  # sees the row's write where they cross
+        t = base.t()
+        t[0].fill_(-1)
+        alias = base.view(24)
+        total = alias.sum()
+        assert _counts()["executions"] == 0
+        row_c, col_c, t_c = base_cpu[1], base_cpu[:, 2], base_cpu.t()
+        row_c.mul_(10)
+        col_c.add_(0.5)
+        t_c[0].fill_(-1)
+        torch.testing.assert_close(base.cpu(), base_cpu)
+        torch.testing.assert_close(row.cpu(), row_c)
+        torch.testing.assert_close(total.item(), base_cpu.sum().item())
+
+
+def test_sync_runs_pending_work_and_print_reads():
+    x = torch.ones(3).to("tpu")
+    with torch_tpu.eager_mode(False):
+        y = x + 1
+        torch_tpu.sync()
+        assert _counts()["executions"] == 1
+        z = y * 3
+        assert _counts()["executions"] == 1
+        assert "6., 6., 6." in str(z)  # printing reads the value
+
+
+def test_host_checked_op_reads_and_raises_like_cpu():
+    x = torch.arange(5.0).to("tpu")
+    with torch_tpu.eager_mode(False):
+        idx = torch.tensor([1, 7]).to("tpu") - 1  # pending: 6 is out of range
+        with pytest.raises(IndexError):
+            x[idx].cpu()
+        good = torch.tensor([4, 1]).to("tpu") - 1
+        torch.testing.assert_close(x[good].cpu(), torch.tensor([3.0, 0.0]))
+
+
+def test_random_ops_draw_as_eager_does():
+    torch.manual_seed(7)
+    eager = torch.rand(4, 4, device="tpu") * 2
+    torch.manual_seed(7)
+    with torch_tpu.eager_mode(False):
+        lazy = torch.rand(4, 4, device="tpu") * 2
+        torch.testing.assert_close(lazy.cpu(), eager.cpu(), rtol=0, atol=0)
+
+
+def test_compiled_graph_reads_pending_inputs():
+    fn = torch.compile(lambda a: (a * 2).sin(), backend="tpu")
+    x = torch.randn(8).to("tpu")
+    with torch_tpu.eager_mode(False):
+        y = x + 1
+        out = fn(y)
+        torch.testing.assert_close(out.cpu(), ((x.cpu() + 1) * 2).sin())
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def test_lazy_mlp_training_matches_cpu_with_few_executables():
+    torch.manual_seed(0)
+    model_cpu = _mlp()
+    model = copy.deepcopy(model_cpu).to("tpu")
+    opt_cpu = torch.optim.AdamW(model_cpu.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(20)]
+    batches = [(x.to("tpu"), y.to("tpu")) for x, y in data]
+
+    losses_cpu = []
+    for x, y in data:
+        opt_cpu.zero_grad()
+        loss = nn.functional.mse_loss(model_cpu(x), y)
+        loss.backward()
+        opt_cpu.step()
+        losses_cpu.append(loss.item())
+
+    torch_tpu.metrics.reset()
+    losses, compiles, runs = [], [], []
+    with torch_tpu.eager_mode(False):
+        for x, y in batches:
+            before = _counts()
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())  # the one read per step: runs the step as one executable
+            after = _counts()
+            runs.append(after["executions"] - before["executions"])
+            compiles.append(
+                after["graph_compiles"] + after["op_compiles"] - before["graph_compiles"] - before["op_compiles"]
+            )
+    counts = _counts()
+    assert counts["cpu_fallbacks"] == 0
+    assert sum(compiles) <= 3, compiles  # one step shape: first steps differ (no grads, no state yet)
+    assert compiles[3:] == [0] * 17, compiles
+    assert counts["lazy_runs"] == 20 and runs == [1] * 20, runs  # the optimizer's foreach ops are recorded too
+    assert counts["graph_cache_hits"] >= 17
+    assert losses == pytest.approx(losses_cpu, rel=1e-5, abs=1e-6)
+    for p, p_cpu in zip(model.parameters(), model_cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,392 @@
+"""Lazy execution: ops are recorded, then run as one fused XLA executable.
+
+`torch_tpu.eager_mode(False)` switches the dispatcher from op by op to recording.
+Each op still goes through its usual plan: the meta run gives PyTorch's shapes,
+dtypes and errors, and the op's cached entry (dispatcher._Entry) gives the jax
+function over flat storage buffers. Instead of running that function, the
+dispatcher records it and puts a `LazyArray` (shape and dtype only) where the
+storage's buffer would go. Views are C++ metadata over the same storage and
+in-place ops swap the storage's buffer, so both keep their eager semantics.
+
+The recorded ops run when a value is needed: `torch_tpu.sync()`, or any read of a
+pending buffer outside the recording dispatcher (`.item()`, `.cpu()`, printing, an
+op with a host check or an eager lowering, a CPU fallback, a compiled graph).
+The C++ buffer handle calls `_resolve` for that (csrc/device_buffer.cc). The
+trace becomes one jax function that replays the ops' functions, with the
+buffers still referenced (live LazyArrays) as its outputs: temporaries that died
+are never materialized. That function is compiled as a graph-mode graph is
+(compile/options.py's compile path, the persistent cache, `graph_compiles` /
+`graph_cache_hits`) and cached in memory keyed by the recorded sequence: the
+ops' cache entries, how their inputs are wired, which values are outputs, and
+the shapes of the concrete inputs. The same training step at the same shapes
+therefore runs one cached executable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from torch_tpu import _C, debug, metrics
+from torch_tpu.compile import options as compile_options
+from torch_tpu.ops import geometry as geo
+from torch_tpu.ops import tensors
+from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
+from torch_tpu.ops.rng import key_from_data
+from torch_tpu.runtime import client
+
+# A trace longer than this runs at once (a loop that never syncs must not grow without end).
+MAX_OPS = 50_000
+# Fused executables kept in memory (least recently used dropped first).
+MAX_EXECUTABLES = 256
+
+
+class LazyArray:
+    """A pending flat storage buffer: the `node`-th value of trace `trace_id`."""
+
+    __slots__ = ("__weakref__", "device", "dtype", "ndim", "node", "shape", "size", "trace_id", "value")
+
+    def __init__(self, trace_id: int, node: int, aval, device: int):
+        self.device = device
+        self.trace_id = trace_id
+        self.node = node
+        self.shape = tuple(aval.shape)
+        self.dtype = np.dtype(aval.dtype)
+        self.ndim = len(self.shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.value: jax.Array | None = None
+
+    def reshape(self, *shape):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return _Recorder.call(_reshape, (tuple(shape),), self)
+
+    def __repr__(self) -> str:
+        state = "pending" if self.value is None else "resolved"
+        return f"LazyArray({self.dtype.name}{list(self.shape)}, {state})"
+
+
+class _Trace:
+    """The ops recorded since the last run, on one device."""
+
+    _ids = 0
+
+    def __init__(self, device: int):
+        _Trace._ids += 1
+        self.id = _Trace._ids
+        self.device = device
+        self.leaves: list = []  # concrete inputs: jax arrays and Python numbers
+        self.leaf_index: dict[int, int] = {}  # id(jax array) -> leaf position
+        self.rngs: list[np.ndarray] = []  # generator data of random ops
+        self.records: list[tuple] = []  # (entry, wiring, rng position or None, first value)
+        self.values: list[weakref.ref] = []  # value number -> its LazyArray
+
+    def leaf(self, x) -> tuple[int, int]:
+        if isinstance(x, jax.Array):
+            k = self.leaf_index.get(id(x))
+            if k is None:
+                k = self.leaf_index[id(x)] = len(self.leaves)
+                self.leaves.append(x)
+            return (0, k)
+        self.leaves.append(x)  # a Python number: a traced scalar, as in eager
+        return (0, len(self.leaves) - 1)
+
+
+_lock = threading.RLock()
+_trace: _Trace | None = None
+_executables: dict[tuple, object] = {}
+_enabled = False
+_installed = False
+
+
+# ---- mode ------------------------------------------------------------------------
+
+
+def _install() -> None:
+    global _installed
+    if not _installed:
+        _C._set_lazy_hook(LazyArray, _resolve)
+        _installed = True
+
+
+def set_enabled(on: bool) -> None:
+    """Lazy recording on or off; turning it off runs what was recorded."""
+    global _enabled
+    _install()
+    with _lock:
+        if _enabled and not on:
+            flush()
+        _enabled = on
+        _C._set_lazy_recording(on)
+        tensors.lazy = _Recorder if on else None
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+class eager_mode:
+    """`torch_tpu.eager_mode(False)` records ops lazily, `eager_mode(True)` runs them one by one
+    (the default). Takes effect at once; as a context manager it restores the previous mode on
+    exit (like `torch.set_grad_enabled`)."""
+
+    def __init__(self, enabled: bool):
+        self.prev = not _enabled
+        self.mode = bool(enabled)
+        set_enabled(not self.mode)
+
+    def __enter__(self) -> None:
+        set_enabled(not self.mode)
+
+    def __exit__(self, *exc) -> None:
+        set_enabled(not self.prev)
+
+
+def is_eager_mode() -> bool:
+    """True when ops run one by one, False when they are recorded lazily."""
+    return not _enabled
+
+
+# ---- recording ----------------------------------------------------------------------
+
+
+def _aval(x):
+    if isinstance(x, LazyArray):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return x
+
+
+class _FnOp:
+    """A jax function recorded by an eager lowering (read, compute, write), like an op entry."""
+
+    __slots__ = ("lazy_avals", "out_tree", "run")
+
+    def __init__(self, run, out):
+        self.run = run
+        self.lazy_avals, self.out_tree = jax.tree_util.tree_flatten(out)
+
+
+_fn_ops: dict[tuple, _FnOp] = {}
+
+
+def _fn_op(fn, static: tuple, treedef, leaves: list) -> _FnOp:
+    key = (fn, static, treedef, tuple(_leaf_key(_aval(x)) for x in leaves))
+    op = _fn_ops.get(key)
+    if op is None:
+
+        def call(inputs):
+            return fn(*static, *jax.tree_util.tree_unflatten(treedef, inputs))
+
+        def run(inputs, _rng):
+            return jax.tree_util.tree_leaves(call(inputs))
+
+        out = jax.eval_shape(call, [_aval(x) for x in leaves])
+        op = _fn_ops[key] = _FnOp(run, out)
+    return op
+
+
+def _reshape(shape, x):
+    return x.reshape(shape)
+
+
+def _read(geom, buf):
+    return geo.read(buf, geom)
+
+
+def _write(geom, buf, value):
+    return geo.write(buf, geom, jnp.broadcast_to(value, geom.sizes))
+
+
+def _flat(dtype, value):
+    return value.astype(dtype).reshape(-1)
+
+
+def _raw_buffer(t: torch.Tensor):
+    info = _C._arg_info(t)  # does not run pending work while recording
+    buf = info[1] if info is not None else None
+    return tensors.buffer_of(t) if buf is None else buf
+
+
+class _Recorder:
+    """What the dispatcher calls in lazy mode (ops/tensors.py's `lazy`)."""
+
+    @staticmethod
+    def record(entry, inputs: list, rng_data, device: int) -> list[LazyArray]:
+        """Records `entry.traceable(inputs, rng)`; its flat results, as pending buffers."""
+        if entry.lazy_avals is None:
+            entry.lazy_avals = jax.eval_shape(
+                lambda xs, data: entry.traceable(xs, None if data is None else key_from_data(data)),
+                [_aval(x) for x in inputs],
+                rng_data,
+            )
+        return _append(entry, inputs, rng_data, device)
+
+    @staticmethod
+    def call(fn, static: tuple, *args, device: int | None = None):
+        """`fn(*static, *args)` recorded: a pytree of pending arrays (for eager lowerings)."""
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        if device is None:
+            device = next((x.device for x in leaves if isinstance(x, LazyArray)), None)
+        if device is None:
+            device = _trace.device if _trace is not None else _C._current_device()
+        op = _fn_op(fn, static, treedef, leaves)
+        return jax.tree_util.tree_unflatten(op.out_tree, _append(op, leaves, None, device))
+
+    @staticmethod
+    def read(t: torch.Tensor):
+        """The value of tpu tensor `t` (shaped), pending."""
+        buf = _raw_buffer(t)
+        return _Recorder.call(_read, (tensors.tensor_geometry(t, buf),), buf, device=t.device.index)
+
+    @staticmethod
+    def write(t: torch.Tensor, value) -> None:
+        """Writes `value` into `t` (a view writes into its base), pending."""
+        buf = _raw_buffer(t)
+        new = _Recorder.call(_write, (tensors.tensor_geometry(t, buf),), buf, value, device=t.device.index)
+        _C._set_buffer(t, new, t.dtype, new.size)
+
+    @staticmethod
+    def wrap(value, device: int, dtype: torch.dtype) -> torch.Tensor:
+        """A new tpu tensor holding `value`, pending."""
+        flat = _Recorder.call(_flat, (np.dtype(TORCH_TO_NUMPY[dtype]),), value, device=device)
+        return _C._wrap(flat, list(value.shape), dtype, device)
+
+    @staticmethod
+    def pending(x) -> bool:
+        return isinstance(x, LazyArray)
+
+    @staticmethod
+    def flush() -> None:
+        flush()
+
+    @staticmethod
+    def concrete(inputs: list) -> list:
+        """`inputs` with pending buffers run (for an op that must run eagerly)."""
+        if not any(isinstance(x, LazyArray) for x in inputs):
+            return inputs
+        return [_resolve(x, True) if isinstance(x, LazyArray) else x for x in inputs]
+
+
+def _append(op, inputs: list, rng_data, device: int) -> list[LazyArray]:
+    global _trace
+    with _lock:
+        trace = _trace
+        if trace is not None and (trace.device != device or len(trace.records) >= MAX_OPS):
+            flush()
+            trace = None
+        if trace is None:
+            trace = _trace = _Trace(device)
+        wiring = []
+        for x in inputs:
+            if isinstance(x, LazyArray):
+                if x.value is not None:
+                    x = x.value
+                elif x.trace_id == trace.id:
+                    wiring.append((1, x.node))
+                    continue
+                else:
+                    raise RuntimeError(f"torch_tpu lazy mode: {x} belongs to a trace that failed to run")
+            wiring.append(trace.leaf(x))
+        rng = None
+        if rng_data is not None:
+            rng = len(trace.rngs)
+            trace.rngs.append(rng_data)
+        first = len(trace.values)
+        avals = jax.tree_util.tree_leaves(op.lazy_avals)
+        out = [LazyArray(trace.id, first + j, a, device) for j, a in enumerate(avals)]
+        trace.values.extend(weakref.ref(o) for o in out)
+        trace.records.append((op, tuple(wiring), rng, first))
+        metrics.bump("lazy_ops")
+        return out
+
+
+# ---- running ------------------------------------------------------------------------
+
+
+def _resolve(x: LazyArray, force: bool):
+    """The C++ buffer handle's hook: the concrete buffer, running the trace if `force`."""
+    if x.value is None and force:
+        flush()
+        if x.value is None:
+            raise RuntimeError(f"torch_tpu lazy mode: {x} belongs to a trace that failed to run")
+    return x if x.value is None else x.value
+
+
+def _replay(records: list, outputs: list[int]):
+    def fn(leaves, rngs):
+        values: dict = {}
+        for entry, wiring, rng, first in records:
+            inputs = [leaves[k] if kind == 0 else values[k] for kind, k in wiring]
+            key = None if rng is None else key_from_data(rngs[rng])
+            for j, v in enumerate(entry.traceable(inputs, key)):
+                values[first + j] = v
+        return [values[v] for v in outputs]
+
+    return fn
+
+
+def _leaf_key(x):
+    if isinstance(x, jax.Array):
+        return (x.shape, x.dtype, x.weak_type)
+    return type(x)
+
+
+def flush() -> None:
+    """Runs the recorded ops as one executable and resolves every live pending buffer."""
+    global _trace
+    with _lock:
+        trace = _trace
+        if trace is None:
+            return
+        _trace = None
+        outputs = [v for v, ref in enumerate(trace.values) if ref() is not None]
+        if not outputs:
+            return
+        key = (
+            trace.device,
+            tuple((entry, wiring, rng is not None) for entry, wiring, rng, _ in trace.records),
+            tuple(outputs),
+            tuple(_leaf_key(x) for x in trace.leaves),
+            len(trace.rngs),
+        )
+        compiled = _executables.pop(key, None)
+        if compiled is None:
+            compiled = _compile(trace, outputs)
+        else:
+            metrics.bump("graph_cache_hits")
+        _executables[key] = compiled
+        if len(_executables) > MAX_EXECUTABLES:
+            del _executables[next(iter(_executables))]
+        flat = compiled(trace.leaves, trace.rngs)
+        metrics.bump("executions")
+        metrics.bump("lazy_runs")
+        for v, value in zip(outputs, flat):
+            lazy = trace.values[v]()
+            if lazy is not None:
+                lazy.value = value
+
+
+def _compile(trace: _Trace, outputs: list[int]):
+    sharding = jax.sharding.SingleDeviceSharding(client.jax_device(trace.device))
+    jitted = jax.jit(_replay(trace.records, outputs), out_shardings=sharding)
+    start = time.perf_counter()
+    loaded_before = metrics.counters()["persistent_cache_hits"]
+    lowered = jitted.lower(trace.leaves, trace.rngs)
+    compiled = compile_options.compile_lowered(lowered, compile_options.DEFAULT)
+    seconds = time.perf_counter() - start
+    metrics.record_compile("graph", seconds)
+    if metrics.counters()["persistent_cache_hits"] == loaded_before:
+        metrics.bump("graph_compiles")
+    debug.log("compile", f"lazy trace: {len(trace.records)} ops, {len(outputs)} outputs in {seconds:.3f} s")
+    return compiled
+
+
+def sync() -> None:
+    """Runs pending lazy work (a no-op in eager mode)."""
+    if _trace is not None:
+        flush()
