@@ -164,10 +164,10 @@ def _aval(x):
 class _FnOp:
     """A jax function recorded by an eager lowering (read, compute, write), like an op entry."""
 
-    __slots__ = ("lazy_avals", "out_tree", "run")
+    __slots__ = ("lazy_avals", "out_tree", "run", "traceable")
 
     def __init__(self, run, out):
-        self.run = run
+        self.run = self.traceable = run
         self.lazy_avals, self.out_tree = jax.tree_util.tree_flatten(out)
 
 
