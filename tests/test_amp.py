@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tpu
 from examples.mingpt.model import GPT, GPTConfig
+from tests.helpers import TINY_LLAMA
 from torch_tpu.ops.lowerings import linalg
 
 # Where CUDA's policy (tpu's) and CPU's differ in minGPT, the dtype CUDA's gives: softmax and
@@ -385,15 +386,7 @@ def test_hf_llama_autocast_steps_match_cpu():
     """Trainer(bf16=True)'s training step (accelerate is not installed here): 5 AdamW steps of a tiny
     Llama under torch.autocast(bfloat16), against CPU's autocast."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    config = transformers.LlamaConfig(**TINY_LLAMA)
     model = transformers.LlamaForCausalLM(config)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     losses = {}

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 import torch_tpu
-from tests.helpers import assert_no_fallbacks
+from tests.helpers import TINY_LLAMA, assert_no_fallbacks
 
 transformers = pytest.importorskip("transformers")
 accelerate_state = pytest.importorskip("accelerate.state")
@@ -59,15 +59,7 @@ def _train(model, device: str, monkeypatch) -> tuple[list[float], set]:
 
 
 def test_trainer_bf16_llama_matches_cpu(monkeypatch):
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    config = transformers.LlamaConfig(**TINY_LLAMA)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
     cpu_losses, cpu_seen = _train(copy.deepcopy(model), "cpu", monkeypatch)
