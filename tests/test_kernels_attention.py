@@ -90,6 +90,7 @@ def test_flash_bad_dtypes_raise():
 def test_sdpa_routes_causal_gqa_to_flash(monkeypatch, capfd):
     # Causal with fewer queries than keys (top-left aligned, as the math path) and grouped heads.
     monkeypatch.setenv("TORCH_TPU_DEBUG", "1")
+    monkeypatch.setenv("TORCH_TPU_PALLAS_ON_CPU", "1")  # the interpreted Pallas kernel, not the XLA attention
     q, k, v = attention_inputs(1, 2, 1, 5, 12, 8)
     torch_tpu.metrics.reset()
     same(
@@ -104,6 +105,30 @@ def test_sdpa_routes_causal_gqa_to_flash(monkeypatch, capfd):
     counters = torch_tpu.metrics.counters()
     assert counters.get("sdpa_flash") == 1 and not counters.get("sdpa_math")
     assert "sdpa: flash attention" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float32, F32_TOL), (torch.bfloat16, BF16_TOL)], ids=["float32", "bfloat16"]
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_on_the_cpu_client_takes_the_fused_xla_attention(monkeypatch, capfd, dtype, tol, causal):
+    # Pallas only interprets on the CPU client: the fused path is one XLA op there, same results.
+    monkeypatch.setenv("TORCH_TPU_DEBUG", "1")
+    monkeypatch.delenv("TORCH_TPU_PALLAS_ON_CPU", raising=False)
+    q, k, v = attention_inputs(2, 4, 2, 5, 7, 8, v_dim=16, dtype=dtype)
+    torch_tpu.metrics.reset()
+    same(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True),
+        q,
+        k,
+        v,
+        grad=True,
+        seed=0,
+        **tol,
+    )
+    counters = torch_tpu.metrics.counters()
+    assert counters.get("sdpa_xla") == 1 and not counters.get("sdpa_flash") and not counters.get("sdpa_math")
+    assert "sdpa: fused XLA attention" in capfd.readouterr().err
 
 
 def test_sdpa_with_a_mask_takes_the_math_path(monkeypatch, capfd):

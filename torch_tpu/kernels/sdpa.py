@@ -1,26 +1,36 @@
-"""torch.nn.functional.scaled_dot_product_attention on tpu tensors: flash attention where the
-arguments allow, the math path (XLA ops) elsewhere.
+"""torch.nn.functional.scaled_dot_product_attention on tpu tensors: one fused attention op where
+the arguments allow, the math path (XLA ops) elsewhere.
+
+The fused op is the Pallas flash kernel where Pallas compiles (TPU, GPU). On the CPU client,
+where Pallas only interprets, it is kernels/attention_math.py's one-op XLA attention, unless
+TORCH_TPU_PALLAS_ON_CPU=1 asks for the interpreted kernel (for testing kernels).
 
 PyTorch's route for a PrivateUse1 backend: SDPA asks `_fused_sdp_choice` (forwarded to the op's
 tpu kernel by csrc/sdp_choice.cc); the "overrideable" answer makes it call
 `_scaled_dot_product_fused_attention_overrideable`, whose autograd formula calls the
-`..._backward` op. Each choice is counted (metrics "sdpa_flash" / "sdpa_math") and logged
+`..._backward` op. Each choice is counted (metrics "sdpa_flash" / "sdpa_xla" / "sdpa_math") and logged
 (TORCH_TPU_DEBUG=1: "sdpa: ...").
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.nn.attention import SDPBackend
 
 from torch_tpu import debug, metrics
-from torch_tpu.kernels import flash
+from torch_tpu.kernels import _pallas, attention_math, flash
 
 _MATH = int(SDPBackend.MATH.value)
 _OVERRIDEABLE = int(SDPBackend.OVERRIDEABLE.value)
+
+
+def _pallas_flash() -> bool:
+    """True where the fused path is the Pallas kernel, False where it is the one-op XLA attention."""
+    return not _pallas.interpret() or os.environ.get("TORCH_TPU_PALLAS_ON_CPU") == "1"
 
 
 def _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
@@ -50,9 +60,10 @@ def _fused_sdp_choice(
 ):
     reason = _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if reason is None:
-        metrics.bump("sdpa_flash")
+        kind = "flash attention" if _pallas_flash() else "fused XLA attention (Pallas would only interpret here)"
+        metrics.bump("sdpa_flash" if _pallas_flash() else "sdpa_xla")
         if debug.enabled():
-            debug.log("sdpa", f"flash attention for query {tuple(query.shape)} key {tuple(key.shape)} {query.dtype}")
+            debug.log("sdpa", f"{kind} for query {tuple(query.shape)} key {tuple(key.shape)} {query.dtype}")
         return _OVERRIDEABLE
     if not torch._C._get_math_sdp_enabled():
         raise RuntimeError(f"No viable backend for scaled_dot_product_attention was found (flash: {reason}).")
@@ -71,7 +82,8 @@ def _overrideable_forward(
 ):
     if attn_bias is not None or dropout_p > 0.0:
         raise RuntimeError("torch_tpu's fused SDPA takes neither attn_bias nor dropout")
-    out, lse = flash.forward_op(query, key, value, bool(is_causal), _scale(query, scale))
+    forward = flash.forward_op if _pallas_flash() else attention_math.forward_op
+    out, lse = forward(query, key, value, bool(is_causal), _scale(query, scale))
     empty = torch.empty(0, dtype=torch.int32, device=query.device)
     seed = torch.empty((), dtype=torch.int64, device=query.device)
     return out, lse, empty, empty, query.shape[2], key.shape[2], seed, seed, empty
@@ -97,7 +109,8 @@ def _overrideable_backward(
     *,
     scale=None,
 ):
-    dq, dk, dv = flash.backward_op(grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale))
+    backward = flash.backward_op if _pallas_flash() else attention_math.backward_op
+    dq, dk, dv = backward(grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale))
     return dq, dk, dv, None
 
 

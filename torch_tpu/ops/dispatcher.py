@@ -24,7 +24,7 @@ from torch._ops import OpOverload
 from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import precision, spmd, tensors
+from torch_tpu.ops import precision, spmd, tensors, view_gathers
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering
@@ -266,9 +266,17 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
     else:
         entry.run = jax.jit(run)
     entry.traceable = entry.run
-    if persist is not None:  # compiled at the first call, then kept on disk with what the trace set
-        entry.run = executable_cache.FirstCall(entry.run, persist, lambda: _entry_state(entry), entry, "run")
+    # Compiled at the first call (then kept on disk, if persist, with what the trace set).
+    elements = sum(s.geom.buffer_len for s in tensor_slots) + sum(_numel(m) for m in fresh_meta)
+    options = executable_cache.op_compile_options(elements)
+    entry.run = executable_cache.FirstCall(entry.run, persist, lambda: _entry_state(entry), entry, "run", options)
     return entry
+
+
+def _numel(meta) -> int:
+    if isinstance(meta, (list, tuple)):
+        return sum(_numel(m) for m in meta)
+    return 0 if meta is None else meta.numel()
 
 
 def _entry_state(entry: _Entry) -> tuple:
@@ -355,6 +363,11 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         key = (op, sig, torch.get_default_dtype(), aliases, precision.cache_key(), device, spmd.layer is None)
         entry = _cache.get(key)
         compile_start = None
+        if entry is None and spmd.layer is None and tensors.lazy is None and view_gathers.moving_views(op, sig):
+            mutated = {id(t) for t in _mutable_tensors(plan, bound) if t is not None}
+            gathered = view_gathers.substitute(args, kwargs, mutated)
+            if gathered is not None:  # the op again, on contiguous copies of its moving views
+                return kernel(*gathered[0], **gathered[1])
         if entry is None:
             compile_start = time.perf_counter()
             persist = None if spmd.layer is not None else executable_cache.key_text("op", (name, *key[1:]))

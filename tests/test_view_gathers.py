@@ -1,0 +1,55 @@
+"""Moving small views (the last token of a growing sequence) do not compile an op per step, and
+small eager ops compile with the CPU client's cheap options; results equal CPU's."""
+
+from __future__ import annotations
+
+import torch
+
+import torch_tpu
+from torch_tpu.runtime import executable_cache
+
+
+def _grow(device: str, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    seq = torch.arange(6, dtype=torch.int64).reshape(1, 6).to(device)
+    seen = []
+    for _ in range(steps):
+        last = seq[:, -1:]
+        seen.append(torch.isin(last, torch.tensor([3, 40], device=device)))
+        seq = torch.cat([seq, last * 2 + 1], dim=-1)
+    return seq, seen
+
+
+def test_a_moving_view_compiles_its_readers_once():
+    expected, expected_seen = _grow("cpu", 12)
+    _grow("tpu", 2)  # the ops' first placements
+    torch_tpu.metrics.reset()
+    got, got_seen = _grow("tpu", 12)
+    counters = torch_tpu.metrics.counters()
+    torch.testing.assert_close(got.cpu(), expected)
+    for g, e in zip(got_seen, expected_seen):
+        torch.testing.assert_close(g.cpu(), e)
+    assert counters.get("view_host_gathers", 0) >= 12
+    # Only cat (a new length each step) compiles per step; isin, mul and add on the last token do not.
+    assert counters["op_compiles"] <= 12 + 2
+
+
+def test_writes_through_a_moving_view_still_land():
+    expected = torch.zeros(1, 16)
+    got = torch.zeros(1, 16).to("tpu")
+    for i in range(8):
+        for t in (expected, got):
+            t[:, i : i + 1].add_(i + 1)  # in place: never gathered
+            t[:, i + 1 : i + 2] += t[:, i : i + 1] * 2
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_small_eager_ops_compile_cheaply_on_the_cpu_client(monkeypatch):
+    assert executable_cache.op_compile_options(16) == {
+        "xla_cpu_parallel_codegen_split_count": 1,
+        "xla_backend_optimization_level": 0,
+    }
+    assert "xla_backend_optimization_level" not in executable_cache.op_compile_options(1 << 20)
+    monkeypatch.setenv("TORCH_TPU_FAST_OP_COMPILE", "0")
+    assert executable_cache.op_compile_options(16) is None
+    x = torch.randn(300, 300)
+    torch.testing.assert_close((x.to("tpu").tanh() * 3).sum(0).cpu(), (x.tanh() * 3).sum(0))
