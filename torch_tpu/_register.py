@@ -2,8 +2,8 @@
 
 Every import-time side effect of torch_tpu is a call from `register()`, in order: the
 persistent compile cache, the PrivateUse1 rename and the C++ device surface, the device list,
-`torch.tpu` (and its hooks), the op lowerings, torch.compile's "tpu" backend, the Pallas SDPA
-routing, the c10d backend "tpu", and this process's stats file for tpu-info.
+`torch.tpu` (and its hooks), the op lowerings (the Pallas SDPA routing among them),
+torch.compile's "tpu" backend, the c10d backend "tpu", and this process's stats file for tpu-info.
 
 A client that cannot be created (e.g. an invalid TORCH_TPU_PLATFORM) does not fail the import:
 the backend registers with no devices, and the first tpu use (`torch.tpu.init()`, which torch
@@ -68,10 +68,6 @@ def register() -> None:
     from torch_tpu import compile as graph_compile
 
     graph_compile.register()
-
-    from torch_tpu.kernels import sdpa
-
-    sdpa.register()
 
     from torch_tpu.distributed import c10d
 

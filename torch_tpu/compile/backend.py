@@ -41,10 +41,9 @@ _previous_inputs: dict[int, list[str]] = {}  # dynamo frame id -> input descript
 
 
 def _graph_lowerable(op: OpOverload) -> bool:
-    if op in registry.graph_table():
-        return True
+    """The op has a jax function in graphs (its lowering, a graph-only one, or an eager one's `graph=`)."""
     lowering = registry.table().get(op)
-    return lowering is not None and (not lowering.eager or hasattr(lowering.fn, "jit_lowering"))
+    return lowering is not None and lowering.graph_fn is not None
 
 
 @functools.cache

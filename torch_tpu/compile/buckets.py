@@ -478,6 +478,8 @@ class Buckets:
         """The graph's outputs, or None where this call must run at its exact sizes."""
         if self.segment is None or self.segment.has_random or self.segment.mutations:
             return self._refuse("a graph with eager nodes, random ops or input mutations")
+        if self.segment.has_checks:  # padding would trip them (a zero divisor); exact sizes check
+            return self._refuse("a graph with data-dependent checks")
         exact: dict = {}
         for s in self.symbols:
             source = self.sources.get(s)

@@ -12,6 +12,11 @@ Nodes no jax function covers (data-dependent ops, unlowered ops) split the
 graph: they run eagerly through the dispatcher between jitted segments,
 counted as "graph_eager_ops" and warned about once per op.
 
+Data-dependent checks (an index out of range, integer division by zero) are the
+graph form of each op's declared `check=` (ops/checks.py): traced error predicates
+returned as extra outputs of the executable. After it runs, one host read of their
+combined flag raises CPU's error; segments without checked ops return nothing extra.
+
 Input mutations (functionalized `copy_` into a placeholder: optimizer state,
 BatchNorm statistics) become buffer swaps on the input's storage, or a
 scatter into its base when the input is a view.
@@ -35,13 +40,13 @@ from torch.fx import GraphModule, Node
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import async_compile, buckets, donation
 from torch_tpu.compile import options as compile_options
+from torch_tpu.ops import checks, precision, registry, schema, tensors
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import precision, registry, schema, tensors
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.lowerings import copies
 from torch_tpu.ops.rng import key_data, key_from_data
 from torch_tpu.runtime import client, executable_cache
-from torch_tpu.runtime.global_arrays import before_program
+from torch_tpu.runtime.global_arrays import before_program, host_value
 
 _warned: set[str] = set()
 _plans: dict[OpOverload, schema.OpPlan] = {}
@@ -77,12 +82,13 @@ def _has_bool_index(node: Node) -> bool:
 class _Lowered:
     """How one node evaluates inside a jitted segment."""
 
-    __slots__ = ("fn", "kind", "plan", "random_index")
+    __slots__ = ("check", "fn", "kind", "plan", "random_index")
 
-    def __init__(self, kind: str, fn: Callable | None = None, plan=None):
+    def __init__(self, kind: str, fn: Callable | None = None, plan=None, check: Callable | None = None):
         self.kind = kind  # "python", "graph", "copy_", "registry"
         self.fn = fn
         self.plan = plan
+        self.check = check  # the graph form of the op's data-dependent check (a list of checks.Failure)
         self.random_index: int | None = None
 
 
@@ -111,24 +117,21 @@ def _classify(node: Node, eager_nodes: set[Node]) -> _Lowered | None:
             return None
     if target in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default) and _has_bool_index(node):
         return None  # a bool mask gives a data-dependent shape
-    graph_fn = registry.graph_table().get(target)
-    if graph_fn is not None:
-        lowered = _Lowered("graph", graph_fn)
-        if registry.is_graph_random(target):
-            lowered.random_index = -1  # numbered by the graph
-        return lowered
     lowering = registry.table().get(target)
     if lowering is None:
         return None
+    if lowering.graph_only:
+        lowered = _Lowered("graph", lowering.fn, check=lowering.graph_check)
+        if lowering.random:
+            lowered.random_index = -1  # numbered by the graph
+        return lowered
     plan = _plan_of(target)
     if plan.mutable:
         return None  # functionalized graphs only hold in-place ops on inputs as copy_
-    if lowering.eager:
-        jit_fn = getattr(lowering.fn, "jit_lowering", None)
-        if jit_fn is None:
-            return None
-        return _Lowered("registry", jit_fn, plan)
-    lowered = _Lowered("registry", lowering.fn, plan)
+    fn = lowering.graph_fn
+    if fn is None:
+        return None  # an eager lowering without a graph form: the graph splits
+    lowered = _Lowered("registry", fn, plan, lowering.graph_check)
     if lowering.random:
         if plan.generator_index is not None:
             bound = plan.bind(node.args, node.kwargs)
@@ -167,13 +170,16 @@ class _Input:
 
 
 class _Executable:
-    __slots__ = ("compiled", "donated", "mutation_specs", "out_templates")
+    __slots__ = ("checks", "compiled", "donated", "mutation_specs", "out_templates")
 
     def __init__(self):
         self.compiled = None
         self.donated: tuple[int, ...] = ()
         self.out_templates: list = []
         self.mutation_specs: list = []
+        # (error, message) of each traced check; when any, the last three outputs are their
+        # combined flag, the flags and the offending values (`_raise_failure`).
+        self.checks: list = []
 
 
 class Segment:
@@ -187,6 +193,7 @@ class Segment:
         self.outputs = outputs  # nodes whose values are needed after the segment
         self.mutations = [(n.args[0], n) for n in nodes if lowered[n].kind == "copy_"]
         self.has_random = any(lowered[n].random_index is not None for n in nodes)
+        self.has_checks = any(lowered[n].check is not None for n in nodes)
         self.executables: dict[tuple, _Executable] = {}
         self._last_signature: tuple | None = None
         self._text: str | None = None
@@ -245,6 +252,8 @@ class Segment:
             donation.guard(dyn, exe.donated)
         flat = exe.compiled(*dyn)
         metrics.bump("executions")
+        if exe.checks:
+            _raise_failure(exe.checks, flat)
         outs = [_rebuild(t, flat, device) for t in exe.out_templates]
         for (placeholder, _), spec in zip(self.mutations, exe.mutation_specs):
             target = values[self.inputs.index(placeholder)]
@@ -286,7 +295,8 @@ class Segment:
             persist = executable_cache.key_text("graph", (self.text(), signature, exe.donated, repr(opts)))
         found = executable_cache.load(persist)
         if found is not None:
-            exe.compiled, (exe.out_templates, exe.mutation_specs) = found
+            exe.compiled, (exe.out_templates, exe.mutation_specs, *checked) = found
+            exe.checks = checked[0] if checked else []  # entries saved before checks had none
             debug.log(
                 "compile", f"{self.name}: loaded from the persistent cache in {time.perf_counter() - start:.3f} s"
             )
@@ -295,7 +305,7 @@ class Segment:
                 lowered = jitted.lower(*dyn)
             exe.compiled = compile_options.compile_lowered(lowered, opts)
             compile_options.dump(opts, f"{self.name}.{len(self.executables)}", lowered, exe.compiled)
-            executable_cache.save(persist, exe.compiled, (exe.out_templates, exe.mutation_specs))
+            executable_cache.save(persist, exe.compiled, (exe.out_templates, exe.mutation_specs, exe.checks))
             seconds = time.perf_counter() - start
             metrics.record_compile("graph", seconds)
             metrics.bump("graph_compiles")
@@ -312,8 +322,10 @@ class Segment:
             for n in self.nodes:
                 how = self.lowered[n]
                 args = f"{n.args!r} {n.kwargs!r}"
+                checked = " checked" if how.check is not None else ""
                 lines.append(
                     f"{n.name} = {_target_text(n.target)}{args}: {_fake_text(_fake(n))} {how.kind} {how.random_index}"
+                    + checked
                 )
             lines.append(f"out {[n.name for n in self.outputs]} mutates {[p.name for p, _ in self.mutations]}")
             self._text = "\n".join(lines)
@@ -335,8 +347,9 @@ class Segment:
                     value = geo.read(value, reader.geom)
                 env[node] = value
             rng_data = dyn[k] if self.has_random else None
+            failures: list[checks.Failure] = []
             for node in self.nodes:
-                env[node] = self._evaluate(node, env, rng_data)
+                env[node] = self._evaluate(node, env, rng_data, failures)
             flat: list = []
             exe.out_templates = [_flatten(env[n], _fake(n), flat) for n in self.outputs]
             exe.mutation_specs = []
@@ -347,11 +360,16 @@ class Segment:
                     value = geo.write(buffers[placeholder], reader.geom, jnp.broadcast_to(value, reader.geom.sizes))
                 exe.mutation_specs.append((len(flat),))
                 flat.append(value)
+            exe.checks = [(f.error, f.message) for f in failures]
+            if failures:
+                flags = jnp.stack([jnp.asarray(f.bad, jnp.bool_) for f in failures])
+                flat += [jnp.any(flags), flags, jnp.stack([jnp.asarray(f.value, jnp.int64) for f in failures])]
             return flat
 
         return fn
 
-    def _evaluate(self, node: Node, env: dict, rng_data):
+    def _evaluate(self, node: Node, env: dict, rng_data, failures: list | None = None):
+        """The node's value; its check's failures go to `failures` (None: not checked)."""
         lowered = self.lowered[node]
         args = _map_args(node.args, env)
         kwargs = _map_args(node.kwargs, env)
@@ -362,6 +380,8 @@ class Segment:
         if lowered.random_index is not None:
             rng = key_from_data(rng_data[lowered.random_index])
         if lowered.kind == "graph":
+            if lowered.check is not None and failures is not None:
+                failures += lowered.check(fake, *args, **kwargs)
             if rng is not None:
                 kwargs = {**kwargs, "rng": rng}
             return lowered.fn(fake, *args, **kwargs)
@@ -372,9 +392,23 @@ class Segment:
         bound = plan.bind(args, kwargs)
         for i in plan.tensor_args:
             bound[i] = _weak(bound[i])
+        if lowered.check is not None and failures is not None:
+            failures += schema.call_lowering(lowered.check, plan, bound)
         result = schema.call_lowering(lowered.fn, plan, bound, rng)
         result = result[0] if plan.num_fresh == 1 else tuple(result[: plan.num_fresh])
         return schema.conform_tree(result, fake, node.target, keep_shape=True)
+
+
+def _raise_failure(checks: list, flat: list) -> None:
+    """Raises CPU's error for the first failed check of an executable's run: one host read of the
+    combined flag, and the flags and values only when it is set."""
+    metrics.bump("host_transfers")
+    if not bool(host_value(flat[-3])):
+        return
+    flags, values = host_value(flat[-2]), host_value(flat[-1])
+    first = int(np.argmax(flags))
+    error, message = checks[first]
+    raise error(message.format(value=int(values[first])))
 
 
 def _target_text(target) -> str:

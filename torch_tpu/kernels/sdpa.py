@@ -10,6 +10,9 @@ tpu kernel by csrc/sdp_choice.cc); the "overrideable" answer makes it call
 `_scaled_dot_product_fused_attention_overrideable`, whose autograd formula calls the
 `..._backward` op. Each choice is counted (metrics "sdpa_flash" / "sdpa_xla" / "sdpa_math") and logged
 (TORCH_TPU_DEBUG=1: "sdpa: ...").
+
+The three entry points are registered through the one lowering table (`lower(..., eager=True)`);
+`torch_tpu.ops.install()` imports this module with the lowerings.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from torch.nn.attention import SDPBackend
 
 from torch_tpu import debug, metrics
 from torch_tpu.kernels import _pallas, attention_math, flash
+from torch_tpu.ops.registry import aten, lower
 
 _MATH = int(SDPBackend.MATH.value)
 _OVERRIDEABLE = int(SDPBackend.OVERRIDEABLE.value)
@@ -55,6 +59,7 @@ def _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gq
     return None
 
 
+@lower(aten._fused_sdp_choice.default, eager=True)
 def _fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
@@ -77,6 +82,7 @@ def _scale(query, scale):
     return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
 
 
+@lower(aten._scaled_dot_product_fused_attention_overrideable.default, eager=True)
 def _overrideable_forward(
     query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
 ):
@@ -89,6 +95,7 @@ def _overrideable_forward(
     return out, lse, empty, empty, query.shape[2], key.shape[2], seed, seed, empty
 
 
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default, eager=True)
 def _overrideable_backward(
     grad_out,
     query,
@@ -112,17 +119,3 @@ def _overrideable_backward(
     backward = flash.backward_op if _pallas_flash() else attention_math.backward_op
     dq, dk, dv = backward(grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale))
     return dq, dk, dv, None
-
-
-_lib: torch.library.Library | None = None
-
-
-def register() -> None:
-    """Routes tpu SDPA to the kernels above (once; called by torch_tpu/_register.py)."""
-    global _lib
-    if _lib is not None:
-        return
-    _lib = torch.library.Library("aten", "IMPL")
-    _lib.impl("_fused_sdp_choice", _fused_sdp_choice, "PrivateUse1")
-    _lib.impl("_scaled_dot_product_fused_attention_overrideable", _overrideable_forward, "PrivateUse1")
-    _lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", _overrideable_backward, "PrivateUse1")

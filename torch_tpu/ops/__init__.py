@@ -14,19 +14,26 @@ _libraries: list[torch.library.Library] = []
 
 
 def install() -> None:
-    """Imports every module of ops/lowerings/ and registers the kernels and the fallback."""
+    """Imports every module of ops/lowerings/ (and kernels/sdpa.py, aten's SDPA entry points), then
+    registers each table's kernels on its dispatch key, the derived variants and the fallback."""
     if _libraries:
         return
     for module in pkgutil.iter_modules(lowerings.__path__):
         importlib.import_module(f"{lowerings.__name__}.{module.name}")
+    importlib.import_module("torch_tpu.kernels.sdpa")
     lib = torch.library.Library("aten", "IMPL")
+    for key in registry.dispatch_keys():
+        for op, lowering in registry.table(key).items():
+            if lowering.graph_only or op.namespace != "aten":  # kernels/_custom_ops.py registers its own
+                continue
+            if registry.is_composite_implicit(op):
+                raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower what it decomposes into")
+            lib.impl(op, dispatcher.make_kernel(op, lowering, derived=False), key)
     table = registry.table()
     for op, lowering in table.items():
-        if registry.is_composite_implicit(op):
-            raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower what it decomposes into")
-        lib.impl(op, dispatcher.make_kernel(op, lowering, derived=False), "PrivateUse1")
-    for op, lowering in table.items():
-        if lowering.eager or any(a.alias_info is not None for a in op._schema.arguments):
+        if lowering.eager or lowering.graph_only or op.namespace != "aten":
+            continue
+        if any(a.alias_info is not None for a in op._schema.arguments):
             continue
         for variant in (registry.inplace_variant(op), registry.out_variant(op)):
             if variant is not None and variant not in table:

@@ -1,17 +1,21 @@
-"""Host-side checks: the data-dependent errors CPU raises (an index out of range) that jax cannot,
-each one host sync; and lower_checked, which puts a check in front of a jit lowering."""
+"""Data-dependent checks: the errors CPU raises (an index out of range) that jax cannot.
+
+Each check has two forms, declared together as a `registry.Check` on the op's `lower(...)` line:
+the host form runs before the eager kernel (one host sync), and the graph form computes
+`Failure`s (a traced error predicate each) inside a compiled graph, which compile/graph.py
+returns as extra outputs of the executable and reads once after it runs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 import torch
 
 from torch_tpu import metrics
-from torch_tpu.ops import dispatcher
-from torch_tpu.ops.registry import Lowering, inplace_variant, lower, out_variant
+from torch_tpu.ops.registry import Check
 from torch_tpu.ops.tensors import to_jax
 from torch_tpu.runtime import executable_cache
 from torch_tpu.runtime.global_arrays import host_value
@@ -57,58 +61,56 @@ def check_ranges(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exce
             raise error(int(flat[int(np.argmax(bad))]))
 
 
-def dim_size(self: torch.Tensor, dim: int) -> tuple[int, int] | None:
+class Failure(NamedTuple):
+    """A graph check's verdict: `error(message.format(value=value))` is raised when `bad` holds."""
+
+    bad: object  # a traced bool scalar
+    value: object  # a traced integer scalar (the offending index)
+    error: type[Exception]
+    message: str
+
+
+def first_outside(index, low: int, high: int, error: type[Exception], message: str) -> list[Failure]:
+    """The graph form of check_ranges: a failure when some element of `index` is outside [low, high)."""
+    index = jnp.asarray(index)
+    if index.size == 0 or not jnp.issubdtype(index.dtype, jnp.integer):
+        return []
+    flat = index.reshape(-1)
+    outside = (flat < low) | (flat >= high)
+    return [Failure(jnp.any(outside), flat[jnp.argmax(outside)].astype(jnp.int64), error, message)]
+
+
+def dim_size(self, dim: int) -> tuple[int, int] | None:
     """(normalized dim, size) as torch sees it (a 0-dim tensor has size 1), or
     None for a bad dim, which the kernel's meta pass then reports."""
-    ndim = max(self.dim(), 1)
+    ndim = max(self.ndim, 1)
     if not -ndim <= dim < ndim:
         return None
     dim %= ndim
-    return dim, (self.shape[dim] if self.dim() else 1)
+    return dim, (self.shape[dim] if self.ndim else 1)
 
 
-def range_check(low_negative: bool, make_error: Callable[[int, int, int], Exception]):
-    """A check of `index` (third argument) against self.size(dim)."""
+def range_check(
+    low_negative: bool,
+    error: type[Exception] = RuntimeError,
+    message: str = "index {value} is out of bounds for dimension {dim} with size {size}",
+) -> Check:
+    """A check of `index` (third argument) against self.size(dim); `message` names {value}, {dim}, {size}."""
 
-    def check(self, dim, index, *args, **kwargs):
+    def host(self, dim, index, *args, **kwargs):
         found = dim_size(self, dim)
         if found is None or not isinstance(index, torch.Tensor):
             return
         d, size = found
         low = -size if low_negative else 0
-        check_ranges([(index, low, size, lambda v: make_error(v, d, size))])
+        check_ranges([(index, low, size, lambda v: error(message.format(value=v, dim=d, size=size)))])
 
-    return check
+    def graph(self, dim, index, *args, **kwargs):
+        found = dim_size(jnp.asarray(self), dim)
+        if found is None or index is None:
+            return []
+        d, size = found
+        text = message.replace("{dim}", str(d)).replace("{size}", str(size))
+        return first_outside(index, -size if low_negative else 0, size, error, text)
 
-
-def out_of_bounds(v, d, size):
-    return RuntimeError(f"index {v} is out of bounds for dimension {d} with size {size}")
-
-
-def lower_checked(op, check: Callable, *, variants: bool = True) -> Callable:
-    """Registers jax function `fn` as `op`'s kernel behind the eager host `check`,
-    and likewise for its in-place and out= variants. `check` raises, or returns
-    None or replacement (args, kwargs) for the kernel."""
-
-    def register(fn: Callable) -> Callable:
-        ops = [(op, False)]
-        if variants:
-            ops += [(v, True) for v in (inplace_variant(op), out_variant(op)) if v is not None]
-        for variant, derived in ops:
-            kernel = dispatcher.make_kernel(variant, Lowering(fn), derived)
-            lower(variant, eager=True)(_guarded(kernel, check, fn))
-        return fn
-
-    return register
-
-
-def _guarded(kernel: Callable, check: Callable, fn: Callable) -> Callable:
-    def run(*args, **kwargs):
-        replaced = check(*args, **kwargs)
-        if replaced is not None:
-            args, kwargs = replaced
-        return kernel(*args, **kwargs)
-
-    run.__name__ = kernel.__name__
-    run.jit_lowering = fn  # the unchecked jax function, for graph compilers
-    return run
+    return Check(host, graph)

@@ -343,14 +343,16 @@ def _describe(sig: tuple) -> str:
 def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     """The PrivateUse1 kernel of `op`, registered with torch.library."""
     plan = OpPlan(op, derived)
-    if lowering.eager:
-        return lowering.fn
     check = lowering.check
+    if lowering.eager:
+        return lowering.fn if check is None else _checked(lowering.fn, check)
     name = f"{op} {lowering.fn.__module__}.{lowering.fn.__qualname__}"  # the persistent key's op part
 
     def kernel(*args, **kwargs):
         if check is not None:
-            check(*args, **kwargs)
+            replaced = check(*args, **kwargs)
+            if replaced is not None:  # the check's replacement arguments (a CPU scalar moved to the device)
+                args, kwargs = replaced
         bound = plan.bind(args, kwargs)
         _wrap_numbers(bound, plan.tensor_args)
         call = _Call()
@@ -413,6 +415,19 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
 
     kernel.__name__ = f"tpu_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
+
+
+def _checked(fn: Callable, check: Callable) -> Callable:
+    """Eager lowering `fn` behind its host check."""
+
+    def run(*args, **kwargs):
+        replaced = check(*args, **kwargs)
+        if replaced is not None:
+            args, kwargs = replaced
+        return fn(*args, **kwargs)
+
+    run.__name__ = fn.__name__
+    return run
 
 
 def _execute(entry: _Entry, lowering: Lowering, call: _Call, device: int, compile_start, op) -> list:

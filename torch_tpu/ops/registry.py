@@ -1,4 +1,4 @@
-"""The lowering table: one function per ATen op, registered by decorator.
+"""The lowering table: one registration per ATen op, its properties stated on the line.
 
     @lower(aten.add.Tensor)
     def add(x, y, *, alpha=1):
@@ -6,7 +6,9 @@
 
 A jit lowering receives jax arrays where the op takes tensors and plain Python
 values elsewhere; it returns jax arrays. Its in-place (`add_.Tensor`) and
-out= (`add.out`) variants are derived unless lowered explicitly.
+out= (`add.out`) variants are derived unless lowered explicitly. Every other
+property is a keyword of `lower` (the way jax's lax states a primitive's
+rules next to it): see `Lowering`, and docs/lowerings.md.
 """
 
 from __future__ import annotations
@@ -19,6 +21,20 @@ from torch._ops import OpOverload
 
 aten = torch.ops.aten
 
+PRIVATEUSE1 = "PrivateUse1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A data-dependent check: CPU's error for an input XLA would turn into a wrong number."""
+
+    # Eager: the op's own torch arguments, before it runs; raises CPU's error (a host sync), or
+    # returns replacement (args, kwargs) for the kernel.
+    host: Callable | None = None
+    # Graph: the arguments graph mode passes the op's jax function; returns a list of
+    # `checks.Failure` (a traced bool each), read after the graph's executable runs.
+    graph: Callable | None = None
+
 
 @dataclasses.dataclass(frozen=True)
 class Lowering:
@@ -30,53 +46,71 @@ class Lowering:
     # Called with the op's own arguments before it runs; raises CPU's error for
     # data-dependent failures jax cannot report (a host sync, so use sparingly).
     check: Callable | None = None
+    # The jax form of the check, for compiled graphs (`Check.graph`).
+    graph_check: Callable | None = None
+    # The jax function graph mode uses for an eager (host-side) lowering; None: the op splits the graph.
+    graph: Callable | None = None
+    # No tpu kernel: `fn` is a graph-mode jax function that takes the node's fake result first
+    # (ops eager runs as C++ metadata kernels or decomposes: views, sym_size, ...).
+    graph_only: bool = False
+    # The dispatch key of the kernel (NestedTensorPrivateUse1 for a nested-tensor kernel).
+    dispatch_key: str = PRIVATEUSE1
+
+    @property
+    def graph_fn(self) -> Callable | None:
+        """The jax function graph mode evaluates, or None when the op runs eagerly in a graph."""
+        if self.graph_only or not self.eager:
+            return self.fn
+        return self.graph
 
 
-_TABLE: dict[OpOverload, Lowering] = {}
+_TABLES: dict[str, dict[OpOverload, Lowering]] = {PRIVATEUSE1: {}}
 
 
-def lower(*ops: OpOverload, eager: bool = False, random: bool = False, check: Callable | None = None) -> Callable:
-    """Registers the decorated function as the lowering of `ops`."""
+def lower(
+    *ops: OpOverload,
+    eager: bool = False,
+    random: bool = False,
+    check: Callable | Check | None = None,
+    graph: Callable | None = None,
+    graph_only: bool = False,
+    dispatch_key: str = PRIVATEUSE1,
+) -> Callable:
+    """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
+    `check` is a host check (a callable) or a `Check` with a host and a graph form."""
+    host, graph_check = (check.host, check.graph) if isinstance(check, Check) else (check, None)
+    if graph is not None and not eager:
+        raise ValueError("graph= is the graph-mode function of an eager lowering")
+    if dispatch_key != PRIVATEUSE1 and not eager:
+        raise ValueError(f"a {dispatch_key} kernel runs in Python: eager=True")
+    properties = dict(
+        eager=eager,
+        random=random,
+        check=host,
+        graph_check=graph_check,
+        graph=graph,
+        graph_only=graph_only,
+        dispatch_key=dispatch_key,
+    )
 
     def register(fn: Callable) -> Callable:
+        table = _TABLES.setdefault(dispatch_key, {})
         for op in ops:
-            if op in _TABLE:
+            if op in table:
                 raise ValueError(f"{op} is lowered twice")
-            _TABLE[op] = Lowering(fn, eager=eager, random=random, check=check)
+            table[op] = Lowering(fn, **properties)
         return fn
 
     return register
 
 
-def table() -> dict[OpOverload, Lowering]:
-    return dict(_TABLE)
+def table(dispatch_key: str = PRIVATEUSE1) -> dict[OpOverload, Lowering]:
+    """The lowerings registered for `dispatch_key` (graph-only ones included)."""
+    return dict(_TABLES.get(dispatch_key, {}))
 
 
-# Graph-only lowerings (ops/lowerings/views.py): ops eager runs without a jax function (views,
-# _to_copy, ...). Each takes the node's fake result first, then the node's own arguments.
-_GRAPH_TABLE: dict[OpOverload, Callable] = {}
-_GRAPH_RANDOM: set[OpOverload] = set()
-
-
-def graph_lower(*ops: OpOverload, random: bool = False) -> Callable:
-    """Registers a graph-only lowering; a random one receives a jax PRNG key as `rng=`."""
-
-    def register(fn: Callable) -> Callable:
-        for op in ops:
-            _GRAPH_TABLE[op] = fn
-            if random:
-                _GRAPH_RANDOM.add(op)
-        return fn
-
-    return register
-
-
-def graph_table() -> dict[OpOverload, Callable]:
-    return dict(_GRAPH_TABLE)
-
-
-def is_graph_random(op: OpOverload) -> bool:
-    return op in _GRAPH_RANDOM
+def dispatch_keys() -> list[str]:
+    return list(_TABLES)
 
 
 def _non_out_arguments(schema) -> list[tuple[str, str]]:

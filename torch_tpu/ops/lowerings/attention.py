@@ -220,10 +220,12 @@ def _nested_lengths(nt: torch.Tensor) -> list[int]:
     return [int(n) for n in aten._nested_tensor_size.default.redispatch(_NESTED_CPU, nt)[:, 0]]
 
 
+@lower(aten.to_padded_tensor.default, eager=True, dispatch_key="NestedTensorPrivateUse1")
 def _nested_to_padded_tensor(self, padding, output_size=None):
     return aten.to_padded_tensor.default.redispatch(_NESTED_CPU, self, padding, output_size)
 
 
+@lower(aten._transformer_encoder_layer_fwd.default, eager=True, dispatch_key="NestedTensorPrivateUse1")
 def _nested_encoder_layer_fwd(src, *args, **kwargs):
     # args: the 17 arguments from embed_dim to ffn_bias_2, then maybe mask and mask_type
     args, rest = args[:17], args[17:]
@@ -239,8 +241,3 @@ def _nested_encoder_layer_fwd(src, *args, **kwargs):
         padded, *args, mask=padding.to(padded.device), mask_type=_PADDING_MASK
     )
     return aten._nested_tensor_from_tensor_list.default([out[i, :n] for i, n in enumerate(lengths)])
-
-
-_nested_lib = torch.library.Library("aten", "IMPL")
-_nested_lib.impl("to_padded_tensor", _nested_to_padded_tensor, "NestedTensorPrivateUse1")
-_nested_lib.impl("_transformer_encoder_layer_fwd", _nested_encoder_layer_fwd, "NestedTensorPrivateUse1")

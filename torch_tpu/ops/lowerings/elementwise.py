@@ -15,6 +15,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops.checks import Failure
 from torch_tpu.ops.dtypes import opmath, to_torch_dtype, type_name
 from torch_tpu.ops.promotion import (
     BOOL_UNSUPPORTED,
@@ -28,7 +29,7 @@ from torch_tpu.ops.promotion import (
     result_dtype,
     to_float,
 )
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import Check, aten, lower
 
 # ---- arithmetic -------------------------------------------------------------
 
@@ -128,7 +129,7 @@ def _is_integral(x) -> bool:
     return isinstance(x, int)
 
 
-def _integer_zero_division_check(self, other, rounding_mode="floor", **kwargs):
+def _zero_division_host(self, other, rounding_mode="floor", **kwargs):
     """Integer division by zero raises on CPU, where XLA would return garbage: one host sync."""
     if rounding_mode is None or not (_is_integral(self) and _is_integral(other)):
         return
@@ -142,6 +143,23 @@ def _integer_zero_division_check(self, other, rounding_mode="floor", **kwargs):
         has_zero = other == 0
     if has_zero:
         raise RuntimeError("ZeroDivisionError")
+
+
+def _zero_division_graph(self, other, rounding_mode="floor", **kwargs) -> list[Failure]:
+    def integral(x) -> bool:
+        if isinstance(x, (bool, int)):
+            return True
+        return hasattr(x, "dtype") and (jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_)
+
+    if rounding_mode is None or not (integral(self) and integral(other)):
+        return []
+    other = jnp.asarray(other)
+    if other.size == 0:
+        return []
+    return [Failure(jnp.any(other == 0), jnp.zeros((), jnp.int64), RuntimeError, "ZeroDivisionError")]
+
+
+_integer_zero_division_check = Check(_zero_division_host, _zero_division_graph)
 
 
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode, check=_integer_zero_division_check)

@@ -208,7 +208,7 @@ def _cast(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 _cast_kernel = dispatcher.make_kernel(aten._to_copy.default, Lowering(_cast), derived=False)
 
 
-@lower(aten._to_copy.default, eager=True)
+@lower(aten._to_copy.default, eager=True, graph=_cast)
 def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     target = self.device if device is None else torch.device(device)
     same_device = self.device.type == "tpu" and target.type == "tpu" and target.index in (None, self.device.index)

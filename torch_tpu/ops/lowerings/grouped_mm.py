@@ -96,12 +96,9 @@ def _check(mat_a, mat_b, offs, bias, out_dtype) -> None:
         raise RuntimeError("batched dimension has to match")
 
 
-@lower(aten._grouped_mm.default, eager=True)
+@lower(aten._grouped_mm.default, eager=True, graph=_grouped_mm)  # graphs: bfloat16, as meta allows
 def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     _check(self, mat2, offs, bias, out_dtype)
     metrics.bump("executions")
     out = _grouped_mm_jit(to_jax(self), to_jax(mat2), None if offs is None else to_jax(offs))
     return from_jax(out, self.device.index)
-
-
-grouped_mm.jit_lowering = _grouped_mm  # graphs (bfloat16, as torch's meta function allows)

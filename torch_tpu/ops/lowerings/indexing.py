@@ -3,10 +3,9 @@
 jax clamps (gathers) or drops (scatters) out-of-range indices silently, so every
 op that reads an index tensor checks its range on the host first and raises
 CPU's error: one small min/max reduction and a two-number transfer per index
-tensor (none for CPU index tensors). Those ops are eager lowerings that run the
-check and then the op's jitted kernel, `dispatcher.make_kernel` of the plain
-jax function below it (so meta still decides shapes, dtypes and shape errors).
-That jax function stays reachable as the eager kernel's `jit_lowering`.
+tensor (none for CPU index tensors): the `check=` of each op's `lower(...)` line.
+Each check also has a graph form (`checks.range_check`, `registry.Check`): compiled graphs
+compute it inside the executable and raise the same error after it runs.
 
 Data-dependent shapes (nonzero, masked_select, bool-mask indexing, unique) are
 eager: they count on the device, bring the count to the host, and run a jitted
@@ -24,9 +23,9 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
-from torch_tpu.ops.checks import check_ranges, lower_checked, out_of_bounds, range_check, to_host
+from torch_tpu.ops.checks import Failure, check_ranges, first_outside, range_check, to_host
 from torch_tpu.ops.dtypes import type_name
-from torch_tpu.ops.registry import Lowering, aten, lower
+from torch_tpu.ops.registry import Check, Lowering, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
 from torch_tpu.runtime import executable_cache
 
@@ -49,7 +48,7 @@ def _crop(src, shape):
     return src[tuple(slice(0, n) for n in shape)]
 
 
-@lower_checked(aten.gather.default, range_check(False, out_of_bounds))
+@lower(aten.gather.default, check=range_check(False))
 def gather(x, dim, index, *, sparse_grad=False):
     shape = index.shape
     x, index = _at_least_1d(x, index)
@@ -79,30 +78,30 @@ def _scatter(x, dim, index, src, how: str):
     return out.reshape(shape)
 
 
-_scatter_check = range_check(False, out_of_bounds)
+_scatter_check = range_check(False)
 
 
-@lower_checked(aten.scatter.src, _scatter_check)
+@lower(aten.scatter.src, check=_scatter_check)
 def scatter_src(x, dim, index, src):
     return _scatter(x, dim, index, src, "set")
 
 
-@lower_checked(aten.scatter.value, _scatter_check)
+@lower(aten.scatter.value, check=_scatter_check)
 def scatter_value(x, dim, index, value):
     return _scatter(x, dim, index, value, "set")
 
 
-@lower_checked(aten.scatter.reduce, _scatter_check)
+@lower(aten.scatter.reduce, check=_scatter_check)
 def scatter_reduce_legacy(x, dim, index, src, *, reduce):
     return _scatter(x, dim, index, src, reduce)
 
 
-@lower_checked(aten.scatter.value_reduce, _scatter_check)
+@lower(aten.scatter.value_reduce, check=_scatter_check)
 def scatter_value_reduce(x, dim, index, value, *, reduce):
     return _scatter(x, dim, index, value, reduce)
 
 
-@lower_checked(aten.scatter_add.default, _scatter_check)
+@lower(aten.scatter_add.default, check=_scatter_check)
 def scatter_add(x, dim, index, src):
     return _scatter(x, dim, index, src, "add")
 
@@ -120,7 +119,7 @@ def _identity(reduce: str, dtype):
     return jnp.array(info.min if reduce == "amax" else info.max, dtype)
 
 
-@lower_checked(aten.scatter_reduce.two, _scatter_check)
+@lower(aten.scatter_reduce.two, check=_scatter_check)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     shape = x.shape
     x, index, src = _at_least_1d(x, index, src)
@@ -142,7 +141,7 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     return out.reshape(shape)
 
 
-@lower_checked(aten.index_reduce.default, range_check(False, out_of_bounds))
+@lower(aten.index_reduce.default, check=range_check(False))
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     """scatter_reduce along `dim` with one index per slice."""
     shape = x.shape
@@ -157,10 +156,7 @@ def _along(axis: int, index):
     return (slice(None),) * axis + (index.reshape(-1),)
 
 
-@lower_checked(
-    aten.index_select.default,
-    range_check(False, lambda v, d, s: IndexError("index out of range in self")),
-)
+@lower(aten.index_select.default, check=range_check(False, IndexError, "index out of range in self"))
 def index_select(x, dim, index):
     if x.ndim == 0:
         return jnp.take(x.reshape(1), index.reshape(-1), axis=0).reshape(())
@@ -180,63 +176,66 @@ def _index_update(x, dim, index, value, how):
     return (ref.max(value) if x.dtype == jnp.bool_ else ref.add(value)).reshape(shape)
 
 
-@lower_checked(aten.index_add.default, range_check(False, out_of_bounds))
+@lower(aten.index_add.default, check=range_check(False))
 def index_add(x, dim, index, source, *, alpha=1):
     if alpha != 1:
         source = source * alpha
     return _index_update(x, dim, index, source, "add")
 
 
-@lower_checked(
+@lower(
     aten.index_copy.default,
-    range_check(
-        False, lambda v, d, s: IndexError(f"index_copy_(): index {v} is out of bounds for dimension {d} with size {s}")
+    check=range_check(
+        False, IndexError, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"
     ),
 )
 def index_copy(x, dim, index, source):
     return _index_update(x, dim, index, source, "set")
 
 
-_index_fill_check = range_check(
-    True, lambda v, d, s: IndexError(f"index {v} is out of bounds for dimension {d} with size {s}")
-)
+_index_fill_check = range_check(True, IndexError)
 
 
-@lower_checked(aten.index_fill.int_Scalar, _index_fill_check)
+@lower(aten.index_fill.int_Scalar, check=_index_fill_check)
 def index_fill(x, dim, index, value):
     return _index_update(x, dim, index, value, "set")
 
 
-def _index_fill_tensor_check(self, dim, index, value, *args, **kwargs):
-    _index_fill_check(self, dim, index)
+def _index_fill_tensor_host_check(self, dim, index, value, *args, **kwargs):
+    _index_fill_check.host(self, dim, index)
     if value.device.type == "cpu" and self.device.type == "tpu":
         # meta rejects a CPU value tensor; CUDA-style, it is a scalar.
         return (self, dim, index, value.to(self.device), *args), kwargs
     return None
 
 
-@lower_checked(aten.index_fill.int_Tensor, _index_fill_tensor_check)
+@lower(aten.index_fill.int_Tensor, check=Check(_index_fill_tensor_host_check, _index_fill_check.graph))
 def index_fill_tensor(x, dim, index, value):
     return _index_update(x, dim, index, jnp.asarray(value).reshape(()), "set")
 
 
-def _take_check(self, index, *args, **kwargs):
+_TAKE_MESSAGE = "out of range: tried to access index {value} on a tensor of {n} elements."
+
+
+def _take_host_check(self, index, *args, **kwargs):
     n = self.numel()
-    check_ranges(
-        [(index, -n, n, lambda v: IndexError(f"out of range: tried to access index {v} on a tensor of {n} elements."))]
-    )
+    check_ranges([(index, -n, n, lambda v: IndexError(_TAKE_MESSAGE.format(value=v, n=n)))])
 
 
-@lower_checked(aten.take.default, _take_check)
+def _take_graph_check(x, index, *args, **kwargs) -> list[Failure]:
+    n = x.size
+    return first_outside(index, -n, n, IndexError, _TAKE_MESSAGE.replace("{n}", str(n)))
+
+
+_take_check = Check(_take_host_check, _take_graph_check)
+
+
+@lower(aten.take.default, check=_take_check)
 def take(x, index):
     return x.reshape(-1)[index]
 
 
-def _put_check(self, index, source, *args, **kwargs):
-    _take_check(self, index)
-
-
-@lower_checked(aten.put.default, _put_check)
+@lower(aten.put.default, check=_take_check)
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     src = source.reshape(-1).astype(x.dtype)
@@ -421,16 +420,25 @@ def _index(x, indices):
     return x[tuple(slice(None) if i is None else i for i in indices)]
 
 
+def index_failures(x, indices, *args, **kwargs) -> list[Failure]:
+    """The graph form of _prepare_indices' range check (graphs hold integer indices only)."""
+    failures = []
+    for d, i in enumerate(indices):
+        if i is not None and d < x.ndim:
+            k = sum(u is not None for u in indices[:d])
+            size = x.shape[d]
+            message = f"index {{value}} is out of bounds for dimension {k} with size {size}"
+            failures += first_outside(i, -size, size, IndexError, message)
+    return failures
+
+
 _index_kernel = dispatcher.make_kernel(aten.index.Tensor, Lowering(_index), False)
 
 
-@lower(aten.index.Tensor, eager=True)
+@lower(aten.index.Tensor, eager=True, graph=_index, check=Check(graph=index_failures))
 def index(self, indices):
     _warn_byte_indices(indices)
     return _index_kernel(self, _prepare_indices(self, indices))
-
-
-index.jit_lowering = _index  # integer indices only, unchecked
 
 
 def put_values(x, indices, values, accumulate=False, unsafe=False):
@@ -488,7 +496,7 @@ def _is_mask_put(self: torch.Tensor, indices, values: torch.Tensor) -> bool:
     return tuple(mask.shape) == tuple(self.shape[d : d + mask.dim()]) and values.dim() <= result_dims
 
 
-@lower(aten._index_put_impl_.default, eager=True)
+@lower(aten._index_put_impl_.default, eager=True, graph=put_values, check=Check(graph=index_failures))
 def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     _warn_byte_indices(indices)
     masks = [i for i in indices if i is not None]
@@ -515,6 +523,3 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
         write_jax(self, _mask_put(to_jax(self), to_jax(mask), value, d, accumulate))
         return self
     return _index_put_kernel(self, _prepare_indices(self, indices), values, accumulate, unsafe)
-
-
-index_put_impl_.jit_lowering = put_values

@@ -10,9 +10,10 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops.checks import Failure
 from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.lowerings.common import HIGHEST
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import Check, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
 
@@ -77,7 +78,7 @@ def _first_bad_target(target, classes: int, ignore_index: int):
     return jnp.any(flat), target.reshape(-1)[jnp.argmax(flat)]
 
 
-def _check_targets(self, target, weight, reduction, ignore_index):
+def _check_targets_host(self, target, weight, reduction, ignore_index):
     """CPU raises IndexError for a class target out of range; XLA would read garbage (one host sync)."""
     if target.numel() == 0 or target.device.type != "tpu" or target.dtype not in (torch.int64, torch.int32):
         return
@@ -87,6 +88,18 @@ def _check_targets(self, target, weight, reduction, ignore_index):
     any_bad, value = _first_bad_target(to_jax(target), int(classes), int(ignore_index))
     if bool(any_bad):
         raise IndexError(f"Target {int(value)} is out of bounds.")
+
+
+def _check_targets_graph(self, target, weight, reduction, ignore_index) -> list[Failure]:
+    if target.size == 0 or target.dtype not in (jnp.int64, jnp.int32):
+        return []
+    classes = self.shape[1] if self.ndim >= 2 else self.shape[0]
+    bad = (((target < 0) | (target >= classes)) & (target != ignore_index)).reshape(-1)
+    value = target.reshape(-1)[jnp.argmax(bad)].astype(jnp.int64)
+    return [Failure(jnp.any(bad), value, IndexError, "Target {value} is out of bounds.")]
+
+
+_check_targets = Check(_check_targets_host, _check_targets_graph)
 
 
 @lower(aten.nll_loss_forward.default, check=_check_targets)

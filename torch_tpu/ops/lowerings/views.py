@@ -1,7 +1,7 @@
 """Graph-only lowerings: ops that eager tpu runs without a jax function.
 
 Eager views (view, transpose, slice, ...) are metadata kernels in C++, and a
-few ops (`_to_copy`, `copy`) are eager Python kernels. Inside a compiled
+few ops (`copy`, `index_put`) decompose or run as eager Python kernels. Inside a compiled
 graph every value is a jax array, so these become plain jax functions on
 values. Each receives the node's fake result (`out`, for its dtype: its
 shape may be symbolic) first, then the node's own arguments, sizes concrete.
@@ -19,47 +19,47 @@ from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
 from torch_tpu.ops.lowerings import indexing
 from torch_tpu.ops.promotion import cast
-from torch_tpu.ops.registry import aten, graph_lower
+from torch_tpu.ops.registry import Check, aten, lower
 
 
 def _dim(d: int, ndim: int) -> int:
     return d + ndim if d < 0 else d
 
 
-@graph_lower(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
+@lower(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default, graph_only=True)
 def view(out, x, size):
     return jnp.reshape(x, tuple(size))
 
 
-@graph_lower(aten._reshape_alias.default)
+@lower(aten._reshape_alias.default, graph_only=True)
 def reshape_alias(out, x, size, stride):
     return jnp.reshape(x, tuple(size))
 
 
-@graph_lower(aten.t.default, aten.t_copy.default)
+@lower(aten.t.default, aten.t_copy.default, graph_only=True)
 def t(out, x):
     return x.T if x.ndim == 2 else x
 
 
-@graph_lower(aten.transpose.int, aten.transpose_copy.int)
+@lower(aten.transpose.int, aten.transpose_copy.int, graph_only=True)
 def transpose(out, x, dim0, dim1):
     if x.ndim == 0:
         return x
     return jnp.swapaxes(x, _dim(dim0, x.ndim), _dim(dim1, x.ndim))
 
 
-@graph_lower(aten.permute.default, aten.permute_copy.default)
+@lower(aten.permute.default, aten.permute_copy.default, graph_only=True)
 def permute(out, x, dims):
     return jnp.transpose(x, tuple(_dim(d, x.ndim) for d in dims))
 
 
-@graph_lower(aten.expand.default, aten.expand_copy.default)
+@lower(aten.expand.default, aten.expand_copy.default, graph_only=True)
 def expand(out, x, size, *, implicit=False):
     lead = len(size) - x.ndim
     return jnp.broadcast_to(x, tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size)))
 
 
-@graph_lower(aten.slice.Tensor, aten.slice_copy.Tensor)
+@lower(aten.slice.Tensor, aten.slice_copy.Tensor, graph_only=True)
 def slice_(out, x, dim=0, start=None, end=None, step=1):
     dim = _dim(dim, x.ndim)
     n = x.shape[dim]
@@ -72,18 +72,18 @@ def slice_(out, x, dim=0, start=None, end=None, step=1):
     return x[tuple(index)]
 
 
-@graph_lower(aten.select.int, aten.select_copy.int)
+@lower(aten.select.int, aten.select_copy.int, graph_only=True)
 def select(out, x, dim, index):
     dim = _dim(dim, x.ndim)
     return lax.index_in_dim(x, index + x.shape[dim] if index < 0 else index, dim, keepdims=False)
 
 
-@graph_lower(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+@lower(aten.unsqueeze.default, aten.unsqueeze_copy.default, graph_only=True)
 def unsqueeze(out, x, dim):
     return jnp.expand_dims(x, dim + x.ndim + 1 if dim < 0 else dim)
 
 
-@graph_lower(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze_copy.dim)
+@lower(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze_copy.dim, graph_only=True)
 def squeeze(out, x, dim=None):
     if dim is None:
         dims = range(x.ndim)
@@ -92,7 +92,7 @@ def squeeze(out, x, dim=None):
     return jnp.squeeze(x, tuple(d for d in dims if x.shape[d] == 1)) if x.ndim else x
 
 
-@graph_lower(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor)
+@lower(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor, graph_only=True)
 def split(out, x, split_size, dim=0):
     dim = _dim(dim, x.ndim)
     n = x.shape[dim]
@@ -107,30 +107,31 @@ def split(out, x, split_size, dim=0):
     return pieces
 
 
-@graph_lower(aten.unbind.int, aten.unbind_copy.int)
+@lower(aten.unbind.int, aten.unbind_copy.int, graph_only=True)
 def unbind(out, x, dim=0):
     dim = _dim(dim, x.ndim)
     return [lax.index_in_dim(x, i, dim, keepdims=False) for i in range(x.shape[dim])]
 
 
-@graph_lower(aten.diagonal.default, aten.diagonal_copy.default)
+@lower(aten.diagonal.default, aten.diagonal_copy.default, graph_only=True)
 def diagonal(out, x, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(x, offset, _dim(dim1, x.ndim), _dim(dim2, x.ndim))
 
 
-@graph_lower(
+@lower(
     aten.alias.default,
     aten.alias_copy.default,
     aten.detach.default,
     aten.detach_copy.default,
     aten.lift_fresh.default,
     aten.lift_fresh_copy.default,
+    graph_only=True,
 )
 def alias(out, x):
     return x
 
 
-@graph_lower(aten.as_strided.default, aten.as_strided_copy.default)
+@lower(aten.as_strided.default, aten.as_strided_copy.default, graph_only=True)
 def as_strided(out, x, size, stride, storage_offset=None):
     """Reads x as a contiguous storage (what functionalized graphs give it)."""
     dtype = x.dtype
@@ -138,57 +139,56 @@ def as_strided(out, x, size, stride, storage_offset=None):
     return geo.read(jnp.reshape(x, (-1,)), g)
 
 
-@graph_lower(aten._to_copy.default)
-def to_copy(out, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    return cast(x, TORCH_TO_NUMPY[out.dtype])
-
-
-@graph_lower(aten.copy.default)
+@lower(aten.copy.default, graph_only=True)
 def copy(out, dst, src, non_blocking=False):
     return jnp.broadcast_to(cast(jnp.asarray(src), dst.dtype), dst.shape)
 
 
-@graph_lower(aten.empty.memory_format, aten.empty_strided.default)
+@lower(aten.empty.memory_format, aten.empty_strided.default, graph_only=True)
 def empty(out, size, *args, **kwargs):
     return jnp.zeros(tuple(size), TORCH_TO_NUMPY[out.dtype])
 
 
-@graph_lower(aten.new_empty.default, aten.new_empty_strided.default)
+@lower(aten.new_empty.default, aten.new_empty_strided.default, graph_only=True)
 def new_empty(out, x, size, *args, **kwargs):
     return jnp.zeros(tuple(size), TORCH_TO_NUMPY[out.dtype])
 
 
-@graph_lower(aten.full_like.default)
+@lower(aten.full_like.default, graph_only=True)
 def full_like(out, x, fill_value, **kwargs):
     return jnp.full(x.shape, fill_value, TORCH_TO_NUMPY[out.dtype])
 
 
-@graph_lower(aten.rand_like.default, random=True)
+@lower(aten.rand_like.default, random=True, graph_only=True)
 def rand_like(out, x, *, rng, **kwargs):
     return jax.random.uniform(rng, x.shape, TORCH_TO_NUMPY[out.dtype])
 
 
-@graph_lower(aten.randn_like.default, random=True)
+@lower(aten.randn_like.default, random=True, graph_only=True)
 def randn_like(out, x, *, rng, **kwargs):
     return jax.random.normal(rng, x.shape, TORCH_TO_NUMPY[out.dtype])
 
 
-@graph_lower(aten.index_put.default)
+def _index_put_failures(out, x, indices, values, accumulate=False):
+    return indexing.index_failures(x, indices)
+
+
+@lower(aten.index_put.default, graph_only=True, check=Check(graph=_index_put_failures))
 def index_put(out, x, indices, values, accumulate=False):
     """Integer indices only (the graph compiler runs bool masks eagerly)."""
     return indexing.put_values(x, indices, values, accumulate)
 
 
-@graph_lower(aten.sym_size.int)
+@lower(aten.sym_size.int, graph_only=True)
 def sym_size(out, x, dim):
     return x.shape[dim]
 
 
-@graph_lower(aten.sym_numel.default)
+@lower(aten.sym_numel.default, graph_only=True)
 def sym_numel(out, x):
     return math.prod(x.shape)
 
 
-@graph_lower(aten._assert_tensor_metadata.default, aten._assert_scalar.default)
+@lower(aten._assert_tensor_metadata.default, aten._assert_scalar.default, graph_only=True)
 def no_op(out, *args, **kwargs):
     return None
