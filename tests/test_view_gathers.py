@@ -44,8 +44,8 @@ def test_writes_through_a_moving_view_still_land():
 
 
 def test_eager_ops_compile_cheaper_on_the_cpu_client(monkeypatch):
-    assert executable_cache.op_compile_options(16) == {"xla_cpu_parallel_codegen_split_count": 1}
+    assert executable_cache.op_compile_options() == {"xla_cpu_parallel_codegen_split_count": 1}
     monkeypatch.setenv("TORCH_TPU_FAST_OP_COMPILE", "0")
-    assert executable_cache.op_compile_options(16) is None
+    assert executable_cache.op_compile_options() is None
     x = torch.randn(300, 300)
     torch.testing.assert_close((x.to("tpu").tanh() * 3).sum(0).cpu(), (x.tanh() * 3).sum(0))

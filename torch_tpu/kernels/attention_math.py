@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import torch
 from jax import lax
 
-from torch_tpu.kernels import _custom_ops
+from torch_tpu.kernels import flash
 from torch_tpu.ops import precision
 
 
@@ -55,23 +54,4 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: float):
     return vjp(dout.astype(q.dtype))
 
 
-def _fwd_fake(q, k, v, causal, sm_scale):
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
-
-
-def _bwd_fake(dout, q, k, v, out, lse, causal, sm_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-forward_op = _custom_ops.define(
-    "xla_attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale) -> (Tensor, Tensor)",
-    attention_forward,
-    _fwd_fake,
-)
-backward_op = _custom_ops.define(
-    "xla_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
-    "float sm_scale) -> (Tensor, Tensor, Tensor)",
-    attention_backward,
-    _bwd_fake,
-)
+forward_op, backward_op = flash.define_attention_ops("xla_attention", attention_forward, attention_backward)

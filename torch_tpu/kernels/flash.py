@@ -261,17 +261,24 @@ def _bwd_fake(dout, q, k, v, out, lse, causal, sm_scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-forward_op = _custom_ops.define(
-    "flash_attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale) -> (Tensor, Tensor)",
-    flash_attention_forward,
-    _fwd_fake,
-)
-backward_op = _custom_ops.define(
-    "flash_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
-    "float sm_scale) -> (Tensor, Tensor, Tensor)",
-    flash_attention_backward,
-    _bwd_fake,
-)
+def define_attention_ops(name: str, forward, backward) -> tuple:
+    """`tpu_kernels::<name>_fwd` and `<name>_bwd`: attention with this kernel's contract
+    (forward gives (out, logsumexp); backward gives (dq, dk, dv)), lowered to `forward`/`backward`."""
+    forward_op = _custom_ops.define(
+        f"{name}_fwd(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale) -> (Tensor, Tensor)",
+        forward,
+        _fwd_fake,
+    )
+    backward_op = _custom_ops.define(
+        f"{name}_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
+        "float sm_scale) -> (Tensor, Tensor, Tensor)",
+        backward,
+        _bwd_fake,
+    )
+    return forward_op, backward_op
+
+
+forward_op, backward_op = define_attention_ops("flash_attention", flash_attention_forward, flash_attention_backward)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -65,8 +65,9 @@ def _fused_sdp_choice(
 ):
     reason = _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if reason is None:
-        kind = "flash attention" if _pallas_flash() else "fused XLA attention (Pallas would only interpret here)"
-        metrics.bump("sdpa_flash" if _pallas_flash() else "sdpa_xla")
+        pallas = _pallas_flash()
+        kind = "flash attention" if pallas else "fused XLA attention (Pallas would only interpret here)"
+        metrics.bump("sdpa_flash" if pallas else "sdpa_xla")
         if debug.enabled():
             debug.log("sdpa", f"{kind} for query {tuple(query.shape)} key {tuple(key.shape)} {query.dtype}")
         return _OVERRIDEABLE

@@ -267,16 +267,9 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
         entry.run = jax.jit(run)
     entry.traceable = entry.run
     # Compiled at the first call (then kept on disk, if persist, with what the trace set).
-    elements = sum(s.geom.buffer_len for s in tensor_slots) + sum(_numel(m) for m in fresh_meta)
-    options = executable_cache.op_compile_options(elements)
+    options = executable_cache.op_compile_options()
     entry.run = executable_cache.FirstCall(entry.run, persist, lambda: _entry_state(entry), entry, "run", options)
     return entry
-
-
-def _numel(meta) -> int:
-    if isinstance(meta, (list, tuple)):
-        return sum(_numel(m) for m in meta)
-    return 0 if meta is None else meta.numel()
 
 
 def _entry_state(entry: _Entry) -> tuple:
@@ -350,9 +343,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
 
     def kernel(*args, **kwargs):
         if check is not None:
-            replaced = check(*args, **kwargs)
-            if replaced is not None:  # the check's replacement arguments (a CPU scalar moved to the device)
-                args, kwargs = replaced
+            args, kwargs = _apply_check(check, args, kwargs)
         bound = plan.bind(args, kwargs)
         _wrap_numbers(bound, plan.tensor_args)
         call = _Call()
@@ -417,13 +408,17 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     return kernel
 
 
+def _apply_check(check: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Runs a host check; it may return replacement arguments (a CPU scalar moved to the device)."""
+    replaced = check(*args, **kwargs)
+    return (args, kwargs) if replaced is None else replaced
+
+
 def _checked(fn: Callable, check: Callable) -> Callable:
     """Eager lowering `fn` behind its host check."""
 
     def run(*args, **kwargs):
-        replaced = check(*args, **kwargs)
-        if replaced is not None:
-            args, kwargs = replaced
+        args, kwargs = _apply_check(check, args, kwargs)
         return fn(*args, **kwargs)
 
     run.__name__ = fn.__name__

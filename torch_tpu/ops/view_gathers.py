@@ -29,7 +29,7 @@ _seen: dict[tuple, set] = {}  # (op, signature with views reduced to (sizes, dty
 
 
 def _small_view(t: torch.Tensor):
-    """t's geometry if t is a small plain view (not its whole buffer) we may gather, else None."""
+    """(buffer, geometry) if t is a small plain view (not its whole buffer) we may gather, else None."""
     if t.is_conj() or t.is_neg() or t.numel() > MAX_ELEMENTS:
         return None
     buf = buffer_of(t)
@@ -38,7 +38,7 @@ def _small_view(t: torch.Tensor):
     geom = tensor_geometry(t, buf)
     if geom.is_whole or geom.buffer_dtype != geom.dtype:
         return None
-    return geom
+    return buf, geom
 
 
 def _shape_sig(sig) -> object:
@@ -71,10 +71,11 @@ def moving_views(op, sig: tuple) -> bool:
 
 def gather(t: torch.Tensor) -> torch.Tensor | None:
     """A contiguous copy of the small view `t`, made on the host; None if `t` does not qualify."""
-    geom = _small_view(t)
-    if geom is None:
+    found = _small_view(t)
+    if found is None:
         return None
-    host = np.asarray(buffer_of(t))
+    buf, geom = found
+    host = np.asarray(buf)
     itemsize = host.dtype.itemsize
     view = np.lib.stride_tricks.as_strided(
         host[geom.offset :], shape=geom.sizes, strides=[s * itemsize for s in geom.strides], writeable=False

@@ -172,8 +172,8 @@ def load(key: str | None) -> tuple[Any, Any] | None:
     return compiled, meta
 
 
-def op_compile_options(elements: int) -> dict[str, Any] | None:
-    """XLA options for compiling one eager op that touches `elements` array elements.
+def op_compile_options() -> dict[str, Any] | None:
+    """XLA options for compiling one eager op.
 
     On the CPU client a tiny op's compile is mostly LLVM codegen: one module instead of parallel
     splits cuts it. (LLVM -O0 would cut more, but changes bfloat16 rounding against CPU's.)
