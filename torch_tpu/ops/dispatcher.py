@@ -266,6 +266,8 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
     else:
         entry.run = jax.jit(run)
     entry.traceable = entry.run
+    if spmd.layer is not None:  # jax.jit retraces per buffer layout: flat, or N-D as mark_sharding left it
+        return entry
     # Compiled at the first call (then kept on disk, if persist, with what the trace set).
     options = executable_cache.op_compile_options()
     entry.run = executable_cache.FirstCall(entry.run, persist, lambda: _entry_state(entry), entry, "run", options)
