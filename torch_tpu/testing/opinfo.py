@@ -263,9 +263,37 @@ def _run_forward(op, dtype: torch.dtype, n: int, values: bool, tol: dict | None 
         expected = sample.output_process_fn_grad(expected)
         got = sample.output_process_fn_grad(got)
         ties = c_input if op.name in _TIE_INDEX_OPS and isinstance(c_input, torch.Tensor) else None
-        _compare(got, expected, tol, values, ties)
+        try:
+            _compare(got, expected, tol, values, ties)
+        except AssertionError:
+            # CPU's half-float kernels differ by machine (oneDNN accumulates a bf16 conv in
+            # float32 only where the CPU has bf16 instructions): also accept CPU's float32 result.
+            opmath = _opmath_expected(op, sample, dtype)
+            if opmath is None:
+                raise
+            _compare(got, sample.output_process_fn_grad(opmath), tol, values, ties)
         if isinstance(t_input, torch.Tensor) and isinstance(c_input, torch.Tensor):
             _compare(t_input, c_input, tol, values)  # in-place ops must mutate alike
+
+
+def _opmath_expected(op, sample, dtype: torch.dtype):
+    """CPU's result for `sample` computed in float32 and rounded to `dtype`; None for other
+    dtypes, or where CPU cannot run it in float32."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+
+    def up(x):
+        return x.detach().float() if isinstance(x, torch.Tensor) and x.dtype == dtype else x
+
+    def down(x):
+        return x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
+
+    c_input, c_args, c_kwargs = _clone_cpu(sample)
+    try:
+        out = op(tree_map(up, c_input), *tree_map(up, c_args), **tree_map(up, c_kwargs))
+    except Exception:
+        return None
+    return tree_map(down, out)
 
 
 def _grad_inputs(sample_parts) -> list[torch.Tensor]:
