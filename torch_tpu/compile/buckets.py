@@ -119,12 +119,8 @@ def _contiguous(sizes) -> tuple[int, ...]:
 
 # ---- op rules ----------------------------------------------------------------------------
 
-_SIZE_ARG_OPS = {
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.view_copy.default,
-    aten.expand.default,
+# Factories: their size arguments may be symbolic; a padded size gives a padded result.
+_FACTORIES = {
     aten.full.default,
     aten.zeros.default,
     aten.ones.default,
@@ -138,11 +134,18 @@ _SIZE_ARG_OPS = {
     aten.arange.default,
     aten.arange.start,
     aten.arange.start_step,
+}
+_SIZE_ARG_OPS = _FACTORIES | {
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.view_copy.default,
+    aten.expand.default,
     aten.slice.Tensor,
     aten.sym_size.int,
     aten._assert_scalar.default,
 }
-_POSITIONAL = {
+_POSITIONAL = _FACTORIES | {
     aten.clone.default,
     aten._to_copy.default,
     aten.detach.default,
@@ -156,24 +159,11 @@ _POSITIONAL = {
     aten.squeeze.dims,
     aten.squeeze.default,
     aten.expand.default,
-    aten.full.default,
-    aten.zeros.default,
-    aten.ones.default,
-    aten.empty.memory_format,
-    aten.empty_strided.default,
     aten.full_like.default,
     aten.zeros_like.default,
     aten.ones_like.default,
     aten.empty_like.default,
-    aten.new_zeros.default,
-    aten.new_ones.default,
-    aten.new_full.default,
-    aten.new_empty.default,
-    aten.new_empty_strided.default,
     aten.scalar_tensor.default,
-    aten.arange.default,
-    aten.arange.start,
-    aten.arange.start_step,
     aten.mm.default,
     aten.addmm.default,
     aten.bmm.default,

@@ -73,7 +73,8 @@ def embedding_bag(
     return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
 
 
-def _embedding_bag_grad(
+@lower(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(
     grad,
     indices,
     offset2bag,
@@ -83,7 +84,7 @@ def _embedding_bag_grad(
     scale_grad_by_freq,
     mode,
     per_sample_weights,
-    padding_idx,
+    padding_idx=-1,
 ):
     g = to_opmath(grad)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
@@ -103,61 +104,11 @@ def _embedding_bag_grad(
 
 
 @lower(aten._embedding_bag_backward.default)
-def embedding_bag_backward(
-    grad,
-    indices,
-    offsets,
-    offset2bag,
-    bag_size,
-    maximum_indices,
-    num_weights,
-    scale_grad_by_freq,
-    mode,
-    sparse,
-    per_sample_weights,
-    padding_idx=-1,
-):
-    if sparse:
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, *rest):
+    """rest: maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx."""
+    if rest[4]:
         raise NotImplementedError("torch_tpu: sparse embedding_bag gradients are not supported on the tpu")
-    return _embedding_bag_grad(
-        grad,
-        indices,
-        offset2bag,
-        bag_size,
-        maximum_indices,
-        num_weights,
-        scale_grad_by_freq,
-        mode,
-        per_sample_weights,
-        padding_idx,
-    )
-
-
-@lower(aten._embedding_bag_dense_backward.default)
-def embedding_bag_dense_backward(
-    grad,
-    indices,
-    offset2bag,
-    bag_size,
-    maximum_indices,
-    num_weights,
-    scale_grad_by_freq,
-    mode,
-    per_sample_weights,
-    padding_idx=-1,
-):
-    return _embedding_bag_grad(
-        grad,
-        indices,
-        offset2bag,
-        bag_size,
-        maximum_indices,
-        num_weights,
-        scale_grad_by_freq,
-        mode,
-        per_sample_weights,
-        padding_idx,
-    )
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, *rest[:4], *rest[5:])
 
 
 @lower(aten._embedding_bag_per_sample_weights_backward.default)
