@@ -22,19 +22,8 @@ import sys
 import tempfile
 import time
 
-# The Llama-family config of tests/test_hf_models.py: 2 layers, hidden 64, grouped-query attention.
-CONFIG = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
 
-
-def _child(device: str, new_tokens: int) -> dict:
+def _child(device: str, new_tokens: int, config: dict) -> dict:
     start = time.perf_counter()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -43,8 +32,8 @@ def _child(device: str, new_tokens: int) -> dict:
     if device == "tpu":
         import torch_tpu
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval().to(device)
-    prompt = torch.randint(0, CONFIG["vocab_size"], (1, 8)).to(device)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval().to(device)
+    prompt = torch.randint(0, config["vocab_size"], (1, 8)).to(device)
     ready = time.perf_counter()
     times = []
     tokens = None
@@ -62,11 +51,14 @@ def _child(device: str, new_tokens: int) -> dict:
 
 
 def _run(device: str, new_tokens: int, cache_dir: str | None, timeout: int) -> dict:
+    from torch_tpu.testing.models import TINY_LLAMA
+
     env = dict(os.environ)
     if cache_dir is not None:
         env["TORCH_TPU_CACHE_DIR"] = cache_dir
+    child = ["--child", device, "--new-tokens", str(new_tokens), "--config", json.dumps(TINY_LLAMA)]
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", device, "--new-tokens", str(new_tokens)],
+        [sys.executable, os.path.abspath(__file__), *child],
         capture_output=True,
         text=True,
         env=env,
@@ -81,12 +73,13 @@ def _run(device: str, new_tokens: int, cache_dir: str | None, timeout: int) -> d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)  # the child's model config, as JSON
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(_child(args.child, args.new_tokens)))
+        print(json.dumps(_child(args.child, args.new_tokens, json.loads(args.config))))
         return 0
     with tempfile.TemporaryDirectory(prefix="torch_tpu_cold_") as cache:
         rows = {

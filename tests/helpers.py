@@ -152,15 +152,3 @@ def data(dtype, shape=(3, 4)):
     if dtype.is_floating_point:
         return torch.randn(shape).to(dtype)
     return torch.randint(-5, 6, shape, dtype=dtype)
-
-
-# A tiny HF Llama (4 query heads over 2 K/V heads) for the training tests: transformers.LlamaConfig(**TINY_LLAMA).
-TINY_LLAMA = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)

@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tpu
 from examples.mingpt.model import GPT, GPTConfig
-from tests.helpers import TINY_LLAMA
 from torch_tpu.ops.lowerings import linalg
+from torch_tpu.testing.models import TINY_LLAMA
 
 # Where CUDA's policy (tpu's) and CPU's differ in minGPT, the dtype CUDA's gives: softmax and
 # layer_norm run in float32 on CUDA (bfloat16 on CPU); cross_entropy's log_softmax gets an explicit

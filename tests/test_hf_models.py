@@ -14,28 +14,17 @@ import transformers
 
 import torch_tpu
 from tests.helpers import assert_no_fallbacks, native_only
+from torch_tpu.testing.models import TINY_LLAMA
 
 VOCAB = 128
 
 
-# The Llama-family configs' shared sizes: 4 query heads over 2 K/V heads (grouped-query attention).
-_DECODER = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
-
-
 def _llama() -> transformers.PreTrainedModel:
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**_DECODER))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA))
 
 
 def _qwen2() -> transformers.PreTrainedModel:
-    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_DECODER, tie_word_embeddings=True))
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**TINY_LLAMA, tie_word_embeddings=True))
 
 
 def _gpt2() -> transformers.PreTrainedModel:
@@ -51,7 +40,7 @@ def _mixtral() -> transformers.PreTrainedModel:
     # Sparse MoE: torch._grouped_mm over 4 experts; router logits make the loss count experts with
     # an int32 histc (the aux loss).
     config = transformers.MixtralConfig(
-        **{**_DECODER, "num_hidden_layers": 1},
+        **{**TINY_LLAMA, "num_hidden_layers": 1},
         num_local_experts=4,
         num_experts_per_tok=2,
         output_router_logits=True,

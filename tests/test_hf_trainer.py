@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import Dataset
 
 import torch_tpu
-from tests.helpers import TINY_LLAMA, assert_no_fallbacks
+from tests.helpers import assert_no_fallbacks
+from torch_tpu.testing.models import TINY_LLAMA
 
 transformers = pytest.importorskip("transformers")
 accelerate_state = pytest.importorskip("accelerate.state")
