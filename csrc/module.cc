@@ -46,7 +46,8 @@ void set_buffer(const py::handle& obj, const py::handle& array, std::optional<at
 // The dispatcher's per-argument fast path, one call per tensor argument:
 // None for a non-tpu tensor, else (device index, buffer or None, key). The key
 // is (sizes, dtype) when the tensor is its whole buffer in row-major order,
-// and None when the dispatcher must work out the full geometry.
+// and None when the dispatcher must work out the full geometry (also for a
+// tensor with the conj or neg bit: the dispatcher applies the bit).
 py::object arg_info(const py::handle& obj) {
   const at::Tensor& t = THPVariable_Unpack(obj.ptr());
   if (t.device().type() != c10::DeviceType::PrivateUse1) {
@@ -55,7 +56,7 @@ py::object arg_info(const py::handle& obj) {
   DeviceBuffer& buffer = buffer_of(t.storage());
   py::object array = checked(buffer.array(/*force=*/!lazy_recording()));
   py::object key = py::none();
-  if (!array.is_none() && t.storage_offset() == 0 && buffer.array_dtype() == t.scalar_type() &&
+  if (!array.is_none() && !t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && buffer.array_dtype() == t.scalar_type() &&
       buffer.array_numel() == t.numel() && t.is_contiguous()) {
     const auto sizes = t.sizes();
     py::tuple shape(sizes.size());

@@ -20,17 +20,15 @@ def xfail(reason: str):
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
-# ---- conj and neg bits (silent wrong results)
+# ---- conj and neg bits (tests/test_math_bits.py has more)
 
 
-@xfail("conj bit dropped: t + t.conj() reads t unconjugated (test_view_ops test_conj_view_with_shared_memory)")
 def test_conj_view_in_arithmetic():
     t = torch.tensor([1 + 2j, -3 - 1j])
     d = t.to(TPU)
     assert torch.equal((d + d.conj()).cpu(), t + t.conj())
 
 
-@xfail("conj bit dropped: conj().imag gives +imag, and is_neg() is False (test_view_ops test_conj_imag_view)")
 def test_conj_imag_is_negated_view():
     t = torch.tensor([1 + 2j, -3 - 1j])
     v = t.to(TPU).conj().imag
@@ -38,7 +36,6 @@ def test_conj_imag_is_negated_view():
     assert v.is_neg() == t.conj().imag.is_neg()
 
 
-@xfail("conj bit dropped by .H/.mH/adjoint (test_view_ops test_transposes_*complex*)")
 def test_adjoint_conjugates():
     t = torch.tensor([[1 + 2j, 3j], [4.0 + 0j, -1 - 1j]])
     assert torch.equal(t.to(TPU).mH.cpu(), t.mH.resolve_conj())

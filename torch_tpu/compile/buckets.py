@@ -470,6 +470,8 @@ class Buckets:
             return self._refuse("a graph with eager nodes, random ops or input mutations")
         if self.segment.has_checks:  # padding would trip them (a zero divisor); exact sizes check
             return self._refuse("a graph with data-dependent checks")
+        if any(isinstance(a, torch.Tensor) and (a.is_conj() or a.is_neg()) for a in args):
+            return self._refuse("a conj or neg view input")  # the exact-size segment reads its bit
         exact: dict = {}
         for s in self.symbols:
             source = self.sources.get(s)

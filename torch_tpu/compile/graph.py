@@ -161,12 +161,13 @@ def _map_args(args, env: dict):
 class _Input:
     """How a segment reads one input: a tpu buffer through its geometry, a traced scalar, or a static value."""
 
-    __slots__ = ("geom", "kind", "value")
+    __slots__ = ("bits", "geom", "kind", "value")
 
-    def __init__(self, kind: str, geom=None, value=None):
+    def __init__(self, kind: str, geom=None, value=None, bits: tuple[bool, bool] = (False, False)):
         self.kind = kind  # "buffer", "scalar", "array", "static"
         self.geom = geom
         self.value = value
+        self.bits = bits  # a buffer's (conj, neg) bits: read (and written back) through them
 
 
 class _Executable:
@@ -220,7 +221,11 @@ class Segment:
                     if buf is None:
                         buf = tensors.buffer_of(v)
                     dyn.append(buf)
-                    sig.append(key if key is not None else tensors.tensor_geometry(v, buf))
+                    if key is None:  # also for a tensor with the conj or neg bit (they join the key)
+                        bits = tensors.math_bits(v)
+                        key = tensors.tensor_geometry(v, buf)
+                        key = key if bits == (False, False) else (key, bits)
+                    sig.append(key)
                 elif v.dim() == 0:
                     dyn.append(v.item())
                     sig.append(("cpu0", v.dtype))
@@ -271,7 +276,7 @@ class Segment:
         for v, key in zip(values, signature):
             if isinstance(v, torch.Tensor) and v.device.type == "tpu":
                 geom = key if isinstance(key, geo.Geometry) else tensors.tensor_geometry(v, tensors.buffer_of(v))
-                readers.append(_Input("buffer", geom))
+                readers.append(_Input("buffer", geom, bits=tensors.math_bits(v)))
             elif isinstance(v, torch.Tensor):
                 readers.append(_Input("scalar" if v.dim() == 0 else "array"))
             else:
@@ -344,7 +349,7 @@ class Segment:
                 k += 1
                 if reader.kind == "buffer":
                     buffers[node] = value
-                    value = geo.read(value, reader.geom)
+                    value = tensors.apply_bits(geo.read(value, reader.geom), *reader.bits)
                 env[node] = value
             rng_data = dyn[k] if self.has_random else None
             failures: list[checks.Failure] = []
@@ -357,7 +362,8 @@ class Segment:
                 reader = readers[self.inputs.index(placeholder)]
                 value = env[copy_node]
                 if reader.kind == "buffer":
-                    value = geo.write(buffers[placeholder], reader.geom, jnp.broadcast_to(value, reader.geom.sizes))
+                    value = tensors.apply_bits(jnp.broadcast_to(value, reader.geom.sizes), *reader.bits)
+                    value = geo.write(buffers[placeholder], reader.geom, value)
                 exe.mutation_specs.append((len(flat),))
                 flat.append(value)
             exe.checks = [(f.error, f.message) for f in failures]

@@ -38,9 +38,19 @@ def install() -> None:
         for variant in (registry.inplace_variant(op), registry.out_variant(op)):
             if variant is not None and variant not in table:
                 lib.impl(variant, dispatcher.make_kernel(variant, lowering, derived=True), "PrivateUse1")
+    _math_bit_fallthroughs(lib)
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
     _libraries.extend([lib, fallback_lib])
+
+
+def _math_bit_fallthroughs(lib: torch.library.Library) -> None:
+    """copy_ into a conj or neg view reaches _copy_from, whose `dst` has no alias annotation:
+    the Conjugate and Negative fallbacks would write into a resolved clone of it and drop the
+    write. The tpu _copy_from honours both bits itself (tensors.write_jax), so let it see them."""
+    for name in ("_copy_from", "_copy_from_and_resize"):
+        for key in ("Conjugate", "Negative"):
+            lib.impl(name, torch.library.fallthrough_kernel, key)
 
 
 def _boxed_fallback(op, *args, **kwargs):

@@ -30,18 +30,19 @@ from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.ops.rng import key_data, key_from_data_jit
 from torch_tpu.ops.schema import OpPlan, call_lowering, call_schema, conform_tree, flatten_values
-from torch_tpu.ops.tensors import buffer_of, tensor_geometry
+from torch_tpu.ops.tensors import apply_bits, buffer_of, math_bits, tensor_geometry
 from torch_tpu.runtime import client, executable_cache
 
 _cache = executable_cache.ExecutableCache()
 
 
 class _TensorSlot:
-    __slots__ = ("geom", "index")
+    __slots__ = ("bits", "geom", "index")
 
-    def __init__(self, index: int, geom):
+    def __init__(self, index: int, geom, bits: tuple[bool, bool] = (False, False)):
         self.index = index
         self.geom = geom
+        self.bits = bits  # (conj, neg): the value is the buffer's read through them
 
 
 class WrappedNumber:
@@ -98,8 +99,13 @@ class _Call:
                 if buf is None:
                     buf = buffer_of(x)
                 self.inputs.append(buf)
-                # (sizes, dtype) for a tensor that is its whole buffer, else the full geometry.
-                return key if key is not None else tensor_geometry(x, buf)
+                # (sizes, dtype) for a tensor that is its whole buffer, else the full geometry
+                # (with the conj and neg bits when set: _arg_info leaves such tensors to this path).
+                if key is not None:
+                    return key
+                geom = tensor_geometry(x, buf)
+                bits = math_bits(x)
+                return geom if bits == (False, False) else (geom, bits)
             if x.dim() == 0 and x.device.type == "cpu":
                 self.inputs.append(x.item())
                 return ("scalar", x.dtype)
@@ -125,7 +131,7 @@ def _template(x, call: _Call, counter: list[int]):
         i = counter[0]
         counter[0] += 1
         if x.device.type == "tpu":
-            return _TensorSlot(i, tensor_geometry(x, call.inputs[i]))
+            return _TensorSlot(i, tensor_geometry(x, call.inputs[i]), math_bits(x))
         return _ScalarSlot(i, x)
     if isinstance(x, (list, tuple)):
         return type(x)(_template(v, call, counter) for v in x)
@@ -232,7 +238,9 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
     def run(inputs, rng):
         def materialize(slot):
             value = inputs[slot.index]
-            return geo.read(value, slot.geom) if isinstance(slot, _TensorSlot) else value
+            if isinstance(slot, _TensorSlot):
+                return apply_bits(geo.read(value, slot.geom), *slot.bits)
+            return value
 
         values = [_substitute(v, materialize) for v in template]
         # Sharded (N-D) buffers in, N-D buffers out: a flat output would drop a per-dim sharding.
@@ -252,7 +260,8 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
                 new_buffers.append(None)
                 continue
             group = aliases[k] if aliases else k
-            buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, jnp.broadcast_to(value, slot.geom.sizes))
+            value = apply_bits(jnp.broadcast_to(value, slot.geom.sizes), *slot.bits)  # a conj view stores conj(value)
+            buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, value)
             latest[group] = buf
             new_buffers.append(buf)
         entry.mutable_specs = [None if b is None else (NUMPY_TO_TORCH[np.dtype(b.dtype)], b.size) for b in new_buffers]

@@ -83,21 +83,53 @@ def reshape(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return _reshaper(tuple(shape))(array)
 
 
+def math_bits(t: torch.Tensor) -> tuple[bool, bool]:
+    """(conj bit, neg bit) of a tensor: its value is its buffer's, conjugated and/or negated."""
+    return t.is_conj(), t.is_neg()
+
+
+def apply_bits(value: jax.Array, conj: bool, neg: bool) -> jax.Array:
+    """A buffer's value read through (or written back through) the bits: each is its own inverse."""
+    if conj:
+        value = jnp.conj(value)
+    if neg:
+        value = -value
+    return value
+
+
+@functools.cache
+def _bits_fn(conj: bool, neg: bool) -> Callable:
+    return executable_cache.jit(lambda a: apply_bits(a, conj, neg), name="math_bits", key=(conj, neg))
+
+
+def _through_bits(t: torch.Tensor, value: jax.Array) -> jax.Array:
+    conj, neg = math_bits(t)
+    if not (conj or neg):
+        return value
+    if lazy is not None and lazy.pending(value):  # rare: run the pending value, then apply the bits
+        value = lazy.concrete([value])[0]
+    metrics.bump("executions")
+    return _bits_fn(conj, neg)(value)
+
+
 def to_jax(t: torch.Tensor) -> jax.Array:
-    """The value of a tpu tensor as a jax array of its shape (eager lowerings)."""
+    """The value of a tpu tensor as a jax array of its shape (eager lowerings); a conj or neg
+    view reads as CPU reads it, conjugated or negated."""
     buf = buffer_of(t)
     g = tensor_geometry(t, buf)
     if g.is_whole:
-        return reshape(buf, g.sizes)
+        return _through_bits(t, reshape(buf, g.sizes))
     fn = _read_jit_cache.get(g)
     if fn is None:
         fn = _read_jit_cache[g] = executable_cache.jit(lambda b, g=g: geo.read(b, g), name="read", key=g)
     metrics.bump("executions")
-    return fn(buf)
+    return _through_bits(t, fn(buf))
 
 
 def write_jax(t: torch.Tensor, value: jax.Array) -> None:
-    """Writes `value` into the tpu tensor `t` (a view writes through to its base)."""
+    """Writes `value` into the tpu tensor `t` (a view writes through to its base; a conj or
+    neg view stores the value conjugated or negated, so that it reads back as `value`)."""
+    value = _through_bits(t, value)
     if lazy is not None and lazy.pending(value):
         return lazy.write(t, value)
     buf = buffer_of(t)

@@ -272,6 +272,25 @@ def neg(self):
     return -self
 
 
+@lower(aten._conj_physical.default)
+def conj_physical(self):
+    return jnp.conj(self)
+
+
+@lower(aten.conj_physical_.default)
+def conj_physical_(self):
+    return jnp.conj(self)
+
+
+@lower(aten.conj_physical.out, eager=True)
+def conj_physical_out(self, *, out):
+    """CPU's conj_physical.out: resized as out= tensors are, then written (through out's bits)."""
+    result = torch.conj_physical(self)
+    if out.shape != result.shape:
+        out.resize_(result.shape)
+    return out.copy_(result)
+
+
 @lower(aten.abs.default)
 def absolute(self):
     require("abs_cpu", self.dtype, bool_ok=False)
