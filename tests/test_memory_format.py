@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -160,3 +165,41 @@ def test_channels_last_module_forward():
     model.to(TPU)
     got = model(x.to(TPU).contiguous(memory_format=CL))
     _same(got, want.detach())
+
+
+# Prints strides and values of channels_last and transposed results, and the counters, as JSON.
+_PERSIST_SCRIPT = r"""
+import json
+import torch
+import torch_tpu
+import torch.nn.functional as F
+
+x = torch.arange(120.0).reshape(2, 3, 4, 5) / 7
+w = torch.arange(108.0).reshape(4, 3, 3, 3) / 50
+out = []
+for dev in ("cpu", "tpu"):
+    xd = x.to(dev)
+    ys = [xd.contiguous(memory_format=torch.channels_last), xd[0, 0].t().clone(),
+          F.conv2d(xd.contiguous(memory_format=torch.channels_last), w.to(dev))]
+    out.append([[list(y.stride()), y.cpu().tolist()] for y in ys])
+print(json.dumps({"cpu": out[0], "tpu": out[1], "counters": torch_tpu.metrics.counters()}))
+"""
+
+
+def test_persisted_entries_keep_strides(tmp_path):
+    """A second process loads the op executables from disk and still gets CPU's strides."""
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path), TORCH_TPU_PLATFORM="cpu")
+    env.pop("TORCH_TPU_DEBUG", None)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", _PERSIST_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    second = runs[1]
+    assert second["counters"]["op_compiles"] == 0 and second["counters"]["persistent_cache_hits"] > 0
+    for run in runs:
+        for (got_strides, got), (want_strides, want) in zip(run["tpu"], run["cpu"]):
+            assert got_strides == want_strides
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
