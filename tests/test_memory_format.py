@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_tpu  # noqa: F401
+import torch_tpu
 
 TPU = "tpu"
 CL = torch.channels_last
@@ -203,3 +203,17 @@ def test_persisted_entries_keep_strides(tmp_path):
         for (got_strides, got), (want_strides, want) in zip(run["tpu"], run["cpu"]):
             assert got_strides == want_strides
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_lazy_mode_keeps_strides():
+    x = _nchw()
+    want = torch.relu(x.contiguous(memory_format=CL) * 2).transpose(1, 3)
+    with torch_tpu.eager_mode(False):
+        got = torch.relu(x.to(TPU).contiguous(memory_format=CL) * 2).transpose(1, 3)
+        assert got.stride() == want.stride()
+        values = got.cpu()
+    torch.testing.assert_close(values, want)
+    clone = x[0, 0].t()
+    with torch_tpu.eager_mode(False):
+        lazy_clone = x[0, 0].to(TPU).t().clone() + 1
+        _same(lazy_clone, clone.clone() + 1)
