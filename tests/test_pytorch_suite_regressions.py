@@ -44,7 +44,6 @@ def test_adjoint_conjugates():
 # ---- memory formats and strides
 
 
-@xfail("contiguous(memory_format=channels_last) keeps NCHW strides (test_view_ops test_memory_format_resize_as)")
 def test_channels_last_strides():
     x = torch.randn(2, 3, 4, 4)
     got = x.to(TPU).contiguous(memory_format=torch.channels_last)
@@ -57,7 +56,6 @@ def test_resize_channels_last_strides():
     assert flat.is_contiguous(memory_format=torch.channels_last)
 
 
-@xfail("clone() of a transposed tensor comes back contiguous, not with CPU's preserved strides")
 def test_clone_preserves_transposed_strides():
     x = torch.arange(6.0).view(2, 3)
     assert x.to(TPU).t().clone().stride() == x.t().clone().stride()

@@ -171,6 +171,7 @@ def _meta_device(x):
 class _Entry:
     __slots__ = (
         "compiled",
+        "fresh_layout",
         "fresh_meta",
         "lazy_avals",
         "mutable_shapes",
@@ -186,9 +187,41 @@ class _Entry:
         self.compiled = False  # run has been called (jax compiled it); lazy mode only traces it
         self.lazy_avals = None  # the flat results' shapes, for lazy mode
         self.fresh_meta = fresh_meta
+        self.fresh_layout = _fresh_layout(fresh_meta)  # meta strides where the buffer is laid out with them
         self.mutable_shapes = mutable_shapes  # meta shapes of mutable args after the op
         self.out_tree = None
         self.mutable_specs = None  # (dtype, length) of each new mutable-arg buffer, set when traced
+
+
+def _meta_leaf(m) -> bool:
+    return isinstance(m, torch.Tensor)
+
+
+def _layout_strides(m) -> tuple[int, ...] | None:
+    """A fresh output's meta strides if its buffer takes that layout (dense but not contiguous)."""
+    if not isinstance(m, torch.Tensor) or m.storage_offset() != 0:
+        return None
+    strides = tuple(m.stride())
+    return strides if geo.dense_order(tuple(m.shape), strides) is not None else None
+
+
+def _fresh_layout(fresh_meta, logical: bool = False):
+    """Per fresh output, the strides its buffer is laid out with, or None (contiguous). `logical`
+    (N-D, sharded buffers) keeps every layout contiguous."""
+    logical = logical or spmd.layer is not None
+    return jax.tree_util.tree_map(lambda m: None if logical else _layout_strides(m), fresh_meta, is_leaf=_meta_leaf)
+
+
+def _lay_out(value, meta, strides, keep_shape: bool):
+    """A conformed fresh result as its buffer: transposed to the physical order of its meta
+    strides (CPU's output memory format), then flat unless `keep_shape`."""
+    if isinstance(meta, (list, tuple)):
+        return type(meta)(_lay_out(v, m, st, keep_shape) for v, m, st in zip(value, meta, strides))
+    if value is None or not isinstance(meta, torch.Tensor):
+        return value
+    if strides is not None:
+        value = jnp.transpose(value, geo.dense_order(tuple(meta.shape), strides))
+    return value if keep_shape else value.reshape(-1)
 
 
 def _mutable_tensors(plan: OpPlan, bound: list) -> list[torch.Tensor | None]:
@@ -222,6 +255,8 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
         meta_result = call_schema(plan.op, plan, meta_args)
     except Exception as meta_error:
         _raise_cpu_error(plan, lowering, template, meta_error)
+    if lowering.layout is not None:
+        meta_result = lowering.layout(meta_args, meta_result)
     fresh_meta = _fresh_meta(plan, meta_result)
     mutable_slots = flatten_values([template[i] for i in plan.mutable])
     for slot in mutable_slots:
@@ -252,7 +287,12 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
         else:
             fresh, mutated = result[: plan.num_fresh], result[plan.num_fresh :]
             mutated = flatten_values(mutated)
-        fresh_out = [conform_tree(v, m, plan.op, keep_shape) for v, m in zip(fresh, fresh_meta)]
+        if keep_shape:  # an N-D buffer is the logical value
+            entry.fresh_layout = _fresh_layout(fresh_meta, logical=True)
+        fresh_out = [
+            _lay_out(conform_tree(v, m, plan.op, True), m, st, keep_shape)
+            for v, m, st in zip(fresh, fresh_meta, entry.fresh_layout)
+        ]
         new_buffers = []
         latest = {}  # storage group -> its buffer with the writes so far
         for k, (slot, value) in enumerate(zip(mutable_slots, mutated)):
@@ -284,25 +324,25 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
 
 
 def _entry_state(entry: _Entry) -> tuple:
-    """What a persisted entry needs besides its executable (meta tensors as (shape, dtype))."""
+    """What a persisted entry needs besides its executable (meta tensors as (shape, dtype, strides))."""
     fresh = jax.tree_util.tree_map(
-        lambda m: (tuple(m.shape), m.dtype), entry.fresh_meta, is_leaf=lambda m: isinstance(m, torch.Tensor)
+        lambda m: (tuple(m.shape), m.dtype, tuple(m.stride())), entry.fresh_meta, is_leaf=_meta_leaf
     )
-    return fresh, entry.mutable_shapes, entry.mutable_specs, entry.out_tree
+    return fresh, entry.mutable_shapes, entry.mutable_specs, entry.out_tree, entry.fresh_layout
 
 
 def _load_entry(persist: str | None) -> _Entry | None:
     found = executable_cache.load(persist)
     if found is None:
         return None
-    compiled, (fresh, mutable_shapes, mutable_specs, out_tree) = found
+    compiled, (fresh, mutable_shapes, mutable_specs, out_tree, fresh_layout) = found
     fresh_meta = jax.tree_util.tree_map(
-        lambda s: torch.empty(s[0], dtype=s[1], device="meta"),
+        lambda s: torch.empty_strided(s[0], s[2], dtype=s[1], device="meta"),
         fresh,
-        is_leaf=lambda s: isinstance(s, tuple) and len(s) == 2 and isinstance(s[1], torch.dtype),
+        is_leaf=lambda s: isinstance(s, tuple) and len(s) == 3 and isinstance(s[1], torch.dtype),
     )
     entry = _Entry(compiled, fresh_meta, mutable_shapes)
-    entry.mutable_specs, entry.out_tree = mutable_specs, out_tree
+    entry.mutable_specs, entry.out_tree, entry.fresh_layout = mutable_specs, out_tree, fresh_layout
     return entry
 
 
@@ -402,7 +442,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
                 compile_start = compile_start or time.perf_counter()
             flat = _execute(entry, lowering, call, device, compile_start, op)
         fresh_values, new_buffers = jax.tree_util.tree_unflatten(entry.out_tree, flat)
-        fresh = [_wrap_tree(v, m, device) for v, m in zip(fresh_values, entry.fresh_meta)]
+        fresh = [_wrap_tree(v, m, st, device) for v, m, st in zip(fresh_values, entry.fresh_meta, entry.fresh_layout)]
         for t, buf, spec in zip(_mutable_tensors(plan, bound), new_buffers, entry.mutable_specs):
             if t is not None and buf is not None:
                 if spmd.layer is not None:
@@ -471,9 +511,12 @@ def _resize_out_args(plan: OpPlan, bound: list, entry: _Entry) -> bool:
     return changed
 
 
-def _wrap_tree(value, meta, device: int):
+def _wrap_tree(value, meta, strides, device: int):
     if isinstance(meta, (list, tuple)):
-        return [_wrap_tree(v, m, device) for v, m in zip(value, meta)]
+        return [_wrap_tree(v, m, st, device) for v, m, st in zip(value, meta, strides)]
     if meta is None or value is None:
         return None
-    return _C._wrap(value, list(meta.shape), meta.dtype, device)
+    t = _C._wrap(value, list(meta.shape), meta.dtype, device)
+    if strides is not None:  # the buffer holds the value in the meta strides' order
+        t.as_strided_(meta.shape, strides)
+    return t

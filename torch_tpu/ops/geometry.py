@@ -47,6 +47,23 @@ def is_contiguous(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def dense_order(sizes: tuple, strides: tuple) -> tuple[int, ...] | None:
+    """The dims of a dense, non-overlapping but non-contiguous layout (channels_last, a
+    transpose) outermost first: its buffer is the value transposed to that order. None
+    for a contiguous layout, or one that overlaps or has gaps (laid out contiguous)."""
+    if not all(isinstance(v, int) for v in (*sizes, *strides)) or is_contiguous(sizes, strides):
+        return None
+    order = tuple(sorted(range(len(sizes)), key=lambda d: -strides[d]))
+    if math.prod(sizes) == 0:
+        return order
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expected:
+            return None
+        expected *= sizes[d]
+    return order
+
+
 def storage_elements(geom: Geometry) -> int:
     """Elements of geom.dtype the view needs from the start of storage."""
     if geom.numel == 0:

@@ -55,6 +55,9 @@ class Lowering:
     graph_only: bool = False
     # The dispatch key of the kernel (NestedTensorPrivateUse1 for a nested-tensor kernel).
     dispatch_key: str = PRIVATEUSE1
+    # (meta args, meta result) -> the meta result with CPU's output strides, where the meta
+    # kernel leaves them contiguous (convolution: channels_last in, channels_last out).
+    layout: Callable | None = None
 
     @property
     def graph_fn(self) -> Callable | None:
@@ -75,6 +78,7 @@ def lower(
     graph: Callable | None = None,
     graph_only: bool = False,
     dispatch_key: str = PRIVATEUSE1,
+    layout: Callable | None = None,
 ) -> Callable:
     """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
     `check` is a host check (a callable) or a `Check` with a host and a graph form."""
@@ -91,6 +95,7 @@ def lower(
         graph=graph,
         graph_only=graph_only,
         dispatch_key=dispatch_key,
+        layout=layout,
     )
 
     def register(fn: Callable) -> Callable:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from torch_tpu.ops.dtypes import opmath, to_opmath
@@ -11,6 +12,61 @@ from torch_tpu.ops.lowerings.common import HIGHEST, ntuple
 from torch_tpu.ops.registry import aten, lower
 
 # ---- convolution ------------------------------------------------------------
+
+
+def _cpu_memory_format(input, weight, **conv_args):
+    """The memory format CPU's convolution gives its result (as FakeTensor works it out):
+    channels_last when the input or weight is. None: contiguous, as meta gives."""
+    if input.is_contiguous() and weight.is_contiguous():
+        return None
+    # CPU stand-ins with the meta strides; never written, so never touched.
+    x = torch.empty_strided(input.shape, input.stride(), dtype=input.dtype)
+    w = torch.empty_strided(weight.shape, weight.stride(), dtype=weight.dtype)
+    backend = torch._C._select_conv_backend(x, w, **conv_args)
+    if weight.dim() == 3:  # CPU expands a 1-d convolution to 2-d
+        x, w = x.contiguous().unsqueeze(2), w.unsqueeze(2)
+    return torch._C._conv_determine_backend_memory_format(x, w, backend)
+
+
+def _to_format(t, memory_format):
+    if t is None or memory_format is None:
+        return t
+    if t.dim() == 3 and memory_format == torch.channels_last:
+        return t.unsqueeze(2).to(memory_format=memory_format).squeeze(2)
+    return t.to(memory_format=memory_format)
+
+
+def _conv_layout(args, out):
+    input, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args
+    fmt = _cpu_memory_format(
+        input,
+        weight,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        transposed=transposed,
+        output_padding=output_padding,
+        groups=groups,
+        bias=bias,
+    )
+    return _to_format(out, fmt)
+
+
+def _conv_backward_layout(args, out):
+    _, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, _ = args
+    fmt = _cpu_memory_format(
+        input,
+        weight,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        transposed=transposed,
+        output_padding=output_padding,
+        groups=groups,
+        bias=None,
+        bias_sizes=bias_sizes,
+    )
+    return _to_format(out[0], fmt), _to_format(out[1], fmt), out[2]
 
 
 def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
@@ -65,7 +121,7 @@ def _check_conv_params(stride, padding, dilation) -> None:
         raise RuntimeError("dilation should be greater than zero")
 
 
-@lower(aten.convolution.default)
+@lower(aten.convolution.default, layout=_conv_layout)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     _check_conv_params(stride, padding, dilation)
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
@@ -74,7 +130,7 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     return out
 
 
-@lower(aten.convolution_backward.default)
+@lower(aten.convolution_backward.default, layout=_conv_backward_layout)
 def convolution_backward(
     grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
 ):

@@ -213,7 +213,7 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     target = self.device if device is None else torch.device(device)
     same_device = self.device.type == "tpu" and target.type == "tpu" and target.index in (None, self.device.index)
     if same_device and not self.is_complex() and (dtype is None or not dtype.is_complex):
-        return _cast_kernel(self, dtype=dtype)
+        return _cast_kernel(self, dtype=dtype, memory_format=memory_format)
     out = torch.empty_like(
         self,
         dtype=dtype,
