@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-import torch_tpu  # noqa: F401
+import torch_tpu
 
 TPU = "tpu"
 DEVICES = ("cpu", TPU)
@@ -336,3 +336,15 @@ def test_load_cpu_tensors_to_tpu(map_location):
 def test_load_to_missing_tpu_device_raises():
     with pytest.raises(RuntimeError, match="device_count"):
         save_load(torch.ones(2), map_location=f"tpu:{torch.tpu.device_count()}")
+
+
+def test_slice_past_a_grown_buffers_array_is_not_read_as_the_whole_buffer():
+    # After resize_ the parent's array keeps its 8 elements (the new bytes read as zeros); a
+    # contiguous 8-element tensor on the slice of bytes 32..64 must not take the whole-buffer path.
+    s = torch.arange(8.0, device=TPU).untyped_storage()
+    s.resize_(64)
+    t = on_slice(s[32:64], torch.float32, (8,))
+    assert torch_tpu._C._arg_info(t)[2] is None
+    assert torch.equal((t + 0).cpu(), torch.zeros(8))
+    head = on_slice(s[0:32], torch.float32, (8,))
+    assert torch.equal((head + 0).cpu(), torch.arange(8.0))
