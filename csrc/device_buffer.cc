@@ -4,6 +4,9 @@
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
+#include <iterator>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "csrc/core/buffer_registry.h"
@@ -20,6 +23,10 @@ PyObject* g_memory_info_hook = nullptr;  // owned reference, or null
 PyObject* g_lazy_type = nullptr;         // owned references, or null
 PyObject* g_lazy_resolver = nullptr;
 bool g_lazy_recording = false;
+
+// Live buffers by fake address, so a storage that only points into one (a slice) finds it.
+std::mutex g_live_mutex;
+std::map<uintptr_t, DeviceBuffer*> g_live;
 
 c10::CachingAllocator::Stat stat(int64_t current, int64_t peak, int64_t allocated, int64_t freed) {
   c10::CachingAllocator::Stat s;
@@ -94,9 +101,20 @@ TpuAllocator g_allocator;
 }  // namespace
 
 DeviceBuffer::DeviceBuffer(int device, size_t nbytes)
-    : device_(device), nbytes_(nbytes), address_(BufferRegistry::instance().on_alloc(device, nbytes)) {}
+    : device_(device), nbytes_(nbytes), address_(BufferRegistry::instance().on_alloc(device, nbytes)) {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  g_live[address_] = this;
+}
 
 DeviceBuffer::~DeviceBuffer() {
+  {
+    // Before on_free: the address may be handed out again from then on.
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    auto it = g_live.find(address_);
+    if (it != g_live.end() && it->second == this) {
+      g_live.erase(it);
+    }
+  }
   BufferRegistry::instance().on_free(device_, address_, nbytes_);
   if (array_ != nullptr && Py_IsInitialized()) {
     PyGILState_STATE state = PyGILState_Ensure();
@@ -172,12 +190,28 @@ c10::DataPtr allocate_buffer(int device, size_t nbytes) {
                       c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
 }
 
-DeviceBuffer& buffer_of(const c10::Storage& storage) {
+BufferView view_of(const c10::Storage& storage) {
   const c10::DataPtr& ptr = storage.data_ptr();
-  TORCH_CHECK(ptr.device().type() == c10::DeviceType::PrivateUse1 && ptr.get_deleter() == &delete_buffer,
-              "expected a tpu storage, got one on ", ptr.device());
-  return *static_cast<DeviceBuffer*>(ptr.get_context());
+  TORCH_CHECK(ptr.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu storage, got one on ",
+              ptr.device());
+  if (ptr.get_deleter() == &delete_buffer) {
+    return {static_cast<DeviceBuffer*>(ptr.get_context()), 0};
+  }
+  // Not its own buffer: the storage's bytes must lie inside a live one (whose owner keeps it alive).
+  const auto address = reinterpret_cast<uintptr_t>(ptr.get());
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  auto it = g_live.upper_bound(address);
+  if (it != g_live.begin()) {
+    DeviceBuffer* buffer = std::prev(it)->second;
+    const size_t offset = address - std::prev(it)->first;
+    if (offset + storage.nbytes() <= buffer->nbytes()) {
+      return {buffer, offset};
+    }
+  }
+  TORCH_CHECK(false, "tpu storage at ", ptr.get(), " (", storage.nbytes(), " bytes) is not inside a live tpu buffer");
 }
+
+DeviceBuffer& buffer_of(const c10::Storage& storage) { return *view_of(storage).buffer; }
 
 void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
   TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");

@@ -65,8 +65,17 @@ bool lazy_recording();
 // Makes a DataPtr owning a fresh DeviceBuffer on `device`.
 c10::DataPtr allocate_buffer(int device, size_t nbytes);
 
-// The handle behind a tpu storage; throws if the storage is not ours.
-DeviceBuffer& buffer_of(const c10::Storage& storage);
+// Where a tpu storage's bytes live: a buffer and the byte offset into it.
+struct BufferView {
+  DeviceBuffer* buffer;
+  size_t offset;
+};
+
+// The buffer behind a tpu storage: the one it owns, or, for a storage aliasing another's
+// memory (a storage slice, from_blob of a tpu address), the live buffer holding its bytes.
+// Throws if neither.
+BufferView view_of(const c10::Storage& storage);
+DeviceBuffer& buffer_of(const c10::Storage& storage);  // view_of(storage).buffer
 
 // Gives `storage` `new_nbytes` bytes, keeping its array (reads pad or trim).
 void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);

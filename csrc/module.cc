@@ -43,20 +43,29 @@ void set_buffer(const py::handle& obj, const py::handle& array, std::optional<at
   buffer_of(storage_arg(obj)).set_array(array.ptr(), dtype.value_or(at::ScalarType::Undefined), numel.value_or(-1));
 }
 
+// Where the storage's bytes start in its buffer: 0 unless it is a slice of another storage.
+size_t buffer_offset(const py::handle& obj) { return view_of(storage_arg(obj)).offset; }
+
+// Bytes of the buffer behind the storage (a slice's parent's, for a slice).
+size_t buffer_nbytes(const py::handle& obj) { return buffer_of(storage_arg(obj)).nbytes(); }
+
 // The dispatcher's per-argument fast path, one call per tensor argument:
 // None for a non-tpu tensor, else (device index, buffer or None, key). The key
-// is (sizes, dtype) when the tensor is its whole buffer in row-major order,
-// and None when the dispatcher must work out the full geometry (also for a
-// tensor with the conj or neg bit: the dispatcher applies the bit).
+// is (sizes, dtype) when the tensor is its whole buffer in row-major order
+// (its storage starting at the buffer's start), and None when the dispatcher
+// must work out the full geometry (also for a tensor with the conj or neg bit:
+// the dispatcher applies the bit).
 py::object arg_info(const py::handle& obj) {
   const at::Tensor& t = THPVariable_Unpack(obj.ptr());
   if (t.device().type() != c10::DeviceType::PrivateUse1) {
     return py::none();
   }
-  DeviceBuffer& buffer = buffer_of(t.storage());
+  const BufferView view = view_of(t.storage());
+  DeviceBuffer& buffer = *view.buffer;
   py::object array = checked(buffer.array(/*force=*/!lazy_recording()));
   py::object key = py::none();
-  if (!array.is_none() && !t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && buffer.array_dtype() == t.scalar_type() &&
+  if (!array.is_none() && !t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && view.offset == 0 &&
+      buffer.array_dtype() == t.scalar_type() &&
       buffer.array_numel() == t.numel() && t.is_contiguous()) {
     const auto sizes = t.sizes();
     py::tuple shape(sizes.size());
@@ -144,6 +153,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_buffer", &get_buffer, py::arg("storage"));
   m.def("_set_buffer", &set_buffer, py::arg("storage"), py::arg("array"), py::arg("dtype") = py::none(),
         py::arg("numel") = py::none());
+  m.def("_buffer_offset", &buffer_offset, py::arg("storage"));
+  m.def("_buffer_nbytes", &buffer_nbytes, py::arg("storage"));
   m.def("_arg_info", &arg_info, py::arg("tensor"));
   m.def("_set_lazy_hook", [](const py::object& type, const py::object& resolver) {
     set_lazy_hook(type.is_none() ? nullptr : type.ptr(), type.is_none() ? nullptr : resolver.ptr());

@@ -50,9 +50,10 @@ def register() -> None:
     _C._set_devices(_device_list())
 
     from torch_tpu import device as device_module
-    from torch_tpu.device import memory
+    from torch_tpu.device import memory, storages
 
     torch._register_device_module("tpu", device_module)
+    storages.register()
     _C._set_synchronize_hook(client.synchronize)
     _C._set_memory_info_hook(device_module.mem_get_info)
     memory.apply_env_limit()

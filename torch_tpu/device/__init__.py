@@ -1,7 +1,8 @@
 """`torch.tpu`: the device module, mirroring `torch.cuda`.
 
 Devices take an int, a "tpu"/"tpu:N" string, a torch.device or None (the current device).
-The functions live in devices.py, streams.py, random.py and memory.py; this module gathers
+The functions live in devices.py, streams.py, random.py and memory.py, the legacy typed
+storage classes in storages.py; this module gathers
 them under torch.tpu's names.
 """
 
@@ -60,6 +61,20 @@ from torch_tpu.device.random import (
     set_rng_state,
     set_rng_state_all,
 )
+from torch_tpu.device.storages import (
+    BFloat16Storage,
+    BoolStorage,
+    ByteStorage,
+    CharStorage,
+    ComplexDoubleStorage,
+    ComplexFloatStorage,
+    DoubleStorage,
+    FloatStorage,
+    HalfStorage,
+    IntStorage,
+    LongStorage,
+    ShortStorage,
+)
 from torch_tpu.device.streams import (
     Event,
     Stream,
@@ -71,8 +86,20 @@ from torch_tpu.device.streams import (
 )
 
 __all__ = [
+    "BFloat16Storage",
+    "BoolStorage",
+    "ByteStorage",
+    "CharStorage",
+    "ComplexDoubleStorage",
+    "ComplexFloatStorage",
     "DeviceLike",
+    "DoubleStorage",
     "Event",
+    "FloatStorage",
+    "HalfStorage",
+    "IntStorage",
+    "LongStorage",
+    "ShortStorage",
     "Stream",
     "StreamContext",
     "_TpuDeviceProperties",

@@ -64,7 +64,7 @@ def mark_sharding(tensor: torch.Tensor, mesh: Mesh, spec: Sequence[SpecEntry]) -
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mark_sharding needs a torch_tpu.distributed.Mesh, got {type(mesh).__name__}")
     spec = _normalize_spec(tensor, mesh, spec)
-    whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    whole = _C._buffer_nbytes(tensor) == tensor.numel() * tensor.element_size()  # not on a storage slice
     if tensor.storage_offset() != 0 or not tensor.is_contiguous() or not whole:
         raise ValueError("mark_sharding needs a contiguous tensor that is its whole storage (not a view); clone() it")
     value = tensors.to_jax(tensor)

@@ -243,7 +243,9 @@ def _storage_aliases(plan: OpPlan, bound: list) -> tuple[int, ...] | None:
     seen: dict[int, int] = {}
     groups = []
     for i, t in enumerate(_mutable_tensors(plan, bound)):
-        groups.append(i if t is None else seen.setdefault(t.untyped_storage().data_ptr(), i))
+        # Keyed by buffer: a storage slice shares its parent's (its data_ptr is part-way in).
+        key = None if t is None else t.untyped_storage().data_ptr() - _C._buffer_offset(t)
+        groups.append(i if t is None else seen.setdefault(key, i))
     return tuple(groups) if any(g != i for i, g in enumerate(groups)) else None
 
 

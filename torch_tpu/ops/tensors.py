@@ -27,11 +27,9 @@ def buffer_of(t: torch.Tensor) -> jax.Array:
     """The flat buffer behind a tpu tensor; unwritten storage becomes zeros."""
     buf = _C._get_buffer(t)
     if buf is None:
-        storage = t.untyped_storage()
-        itemsize = t.element_size()
-        n = storage.nbytes() // itemsize
+        n = _C._buffer_nbytes(t) // t.element_size()  # a storage slice's parent's whole buffer
         buf = _zeros(n, TORCH_TO_NUMPY[t.dtype], t.device.index)
-        _C._set_buffer(storage, buf, t.dtype, n)
+        _C._set_buffer(t, buf, t.dtype, n)
     return buf
 
 
@@ -52,7 +50,21 @@ def tensor_geometry(t: torch.Tensor, buf: jax.Array):
     dtype = TORCH_TO_NUMPY.get(t.dtype)
     if dtype is None:
         raise TypeError(f"tpu tensors do not support dtype {t.dtype}")
-    return geo.Geometry(tuple(t.shape), tuple(t.stride()), t.storage_offset(), dtype, buf.dtype, buf.size)
+    return geo.Geometry(tuple(t.shape), tuple(t.stride()), _offset(t), dtype, buf.dtype, buf.size)
+
+
+def _offset(t: torch.Tensor) -> int:
+    """`t`'s offset in elements into its buffer: a storage slice starts part-way into its parent's."""
+    start = _C._buffer_offset(t)
+    if start == 0:
+        return t.storage_offset()
+    itemsize = t.element_size()
+    if start % itemsize:
+        raise RuntimeError(
+            f"a {t.dtype} tensor on a storage starting {start} bytes into its tpu buffer is misaligned "
+            f"(the offset must be a multiple of {itemsize} bytes)"
+        )
+    return t.storage_offset() + start // itemsize
 
 
 def from_jax(array: jax.Array, device: int, dtype: torch.dtype | None = None) -> torch.Tensor:
