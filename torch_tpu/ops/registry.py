@@ -55,6 +55,10 @@ class Lowering:
     graph_only: bool = False
     # The dispatch key of the kernel (NestedTensorPrivateUse1 for a nested-tensor kernel).
     dispatch_key: str = PRIVATEUSE1
+    # Scalar arguments the eager path traces (a weakly typed 0-d jax value, like a wrapped number)
+    # instead of keying the executable on their value: one compile for every value. The lowering
+    # must then not branch on them in Python (a schema-default value still comes as a Python number).
+    traced: tuple[str, ...] = ()
 
     @property
     def graph_fn(self) -> Callable | None:
@@ -75,6 +79,7 @@ def lower(
     graph: Callable | None = None,
     graph_only: bool = False,
     dispatch_key: str = PRIVATEUSE1,
+    traced: tuple[str, ...] = (),
 ) -> Callable:
     """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
     `check` is a host check (a callable) or a `Check` with a host and a graph form."""
@@ -83,6 +88,8 @@ def lower(
         raise ValueError("graph= is the graph-mode function of an eager lowering")
     if dispatch_key != PRIVATEUSE1 and not eager:
         raise ValueError(f"a {dispatch_key} kernel runs in Python: eager=True")
+    if traced and eager:
+        raise ValueError("traced= names Scalar arguments of a jit lowering")
     properties = dict(
         eager=eager,
         random=random,
@@ -91,6 +98,7 @@ def lower(
         graph=graph,
         graph_only=graph_only,
         dispatch_key=dispatch_key,
+        traced=tuple(traced),
     )
 
     def register(fn: Callable) -> Callable:
