@@ -7,6 +7,7 @@ from collections import Counter
 _COUNTER_KEYS = (
     "op_compiles",
     "op_cache_hits",
+    "op_cache_evictions",
     "graph_compiles",
     "graph_cache_hits",
     "persistent_cache_hits",

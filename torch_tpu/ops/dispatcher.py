@@ -61,6 +61,18 @@ def _wrap_numbers(bound: list, positions: tuple[int, ...]) -> None:
             bound[i] = WrappedNumber(v)
 
 
+def _wrap_scalars(bound: list, traced: tuple[tuple[int, object], ...]) -> None:
+    """Traced Scalar arguments (`Lowering.traced`) go in as wrapped numbers: the key holds their
+    type, not their value. A value equal to the schema default stays static (`alpha=1` keeps its
+    multiply-free executable), so an op compiles at most twice over all values."""
+    for i, default in traced:
+        v = bound[i]
+        if type(v) is type(default) and v == default:
+            continue
+        if isinstance(v, (bool, float)) or (isinstance(v, int) and -(2**63) <= v < 2**63):
+            bound[i] = WrappedNumber(v)
+
+
 class _ScalarSlot:
     """A CPU 0-dim tensor: traced as a weakly typed scalar."""
 
@@ -389,6 +401,7 @@ def _describe(sig: tuple) -> str:
 def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     """The PrivateUse1 kernel of `op`, registered with torch.library."""
     plan = OpPlan(op, derived)
+    traced = plan.traced_scalars(lowering.traced)
     check = lowering.check
     if lowering.eager:
         return lowering.fn if check is None else _checked(lowering.fn, check)
@@ -399,6 +412,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
             args, kwargs = _apply_check(check, args, kwargs)
         bound = plan.bind(args, kwargs)
         _wrap_numbers(bound, plan.tensor_args)
+        if traced:
+            _wrap_scalars(bound, traced)
         call = _Call()
         sig = tuple(call.walk(v) for v in bound)
         if spmd.layer is not None:

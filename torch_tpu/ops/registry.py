@@ -58,6 +58,10 @@ class Lowering:
     # (meta args, meta result) -> the meta result with CPU's output strides, where the meta
     # kernel leaves them contiguous (convolution: channels_last in, channels_last out).
     layout: Callable | None = None
+    # Scalar arguments the eager path traces (a weakly typed 0-d jax value, like a wrapped number)
+    # instead of keying the executable on their value: one compile for every value. The lowering
+    # must then not branch on them in Python (a schema-default value still comes as a Python number).
+    traced: tuple[str, ...] = ()
 
     @property
     def graph_fn(self) -> Callable | None:
@@ -79,6 +83,7 @@ def lower(
     graph_only: bool = False,
     dispatch_key: str = PRIVATEUSE1,
     layout: Callable | None = None,
+    traced: tuple[str, ...] = (),
 ) -> Callable:
     """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
     `check` is a host check (a callable) or a `Check` with a host and a graph form."""
@@ -87,6 +92,8 @@ def lower(
         raise ValueError("graph= is the graph-mode function of an eager lowering")
     if dispatch_key != PRIVATEUSE1 and not eager:
         raise ValueError(f"a {dispatch_key} kernel runs in Python: eager=True")
+    if traced and eager:
+        raise ValueError("traced= names Scalar arguments of a jit lowering")
     properties = dict(
         eager=eager,
         random=random,
@@ -96,6 +103,7 @@ def lower(
         graph_only=graph_only,
         dispatch_key=dispatch_key,
         layout=layout,
+        traced=tuple(traced),
     )
 
     def register(fn: Callable) -> Callable:

@@ -38,8 +38,18 @@ class OpPlan:
         self.tensor_args = tuple(
             i for i, a in enumerate(schema.arguments) if str(a.type) in ("Tensor", "Optional[Tensor]")
         )
+        # ATen `Scalar` / `Scalar?` arguments: name -> index.
+        self.scalar_args = {
+            a.name: i for i, a in enumerate(schema.arguments) if str(a.type) in ("number", "Optional[number]")
+        }
         self._defaults = [(a.name, schema_default(a) if a.has_default_value() else None) for a in schema.arguments]
         self.generator_index = next((i for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)), None)
+
+    def traced_scalars(self, names) -> tuple[tuple[int, object], ...]:
+        """(index, schema default) of each Scalar argument in `names` (others are not Scalars here)."""
+        return tuple(
+            (self.scalar_args[n], self._defaults[self.scalar_args[n]][1]) for n in names if n in self.scalar_args
+        )
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         """All arguments in schema order; omitted ones take their schema defaults

@@ -23,6 +23,7 @@ import inspect
 import os
 import pickle
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,17 +40,35 @@ _ArrayImpl = ArrayImpl  # a concrete array (not a tracer)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+|<function |<lambda>")
 
 
-class ExecutableCache:
-    """The in-memory op executable table (the eager dispatcher's)."""
+def op_cache_size() -> int:
+    """TORCH_TPU_OP_CACHE_SIZE: how many op executables stay in memory (least recently used go)."""
+    return max(1, int(os.environ.get("TORCH_TPU_OP_CACHE_SIZE", "4096")))
 
-    def __init__(self) -> None:
-        self._entries: dict[Any, Any] = {}
+
+class ExecutableCache:
+    """The in-memory op executable table (the eager dispatcher's): an LRU of `size` entries
+    (default `op_cache_size()`); each eviction counts in metrics' op_cache_evictions."""
+
+    def __init__(self, size: int | None = None) -> None:
+        self._entries: OrderedDict[Any, Any] = OrderedDict()
+        self.size = size
 
     def get(self, key: Any) -> Any:
-        return self._entries.get(key)
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
 
     def put(self, key: Any, entry: Any) -> None:
         self._entries[key] = entry
+        self._entries.move_to_end(key)
+        limit = self.size if self.size is not None else op_cache_size()
+        while len(self._entries) > limit:
+            self._entries.popitem(last=False)
+            metrics.bump("op_cache_evictions")
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 # ---- keys -----------------------------------------------------------------------

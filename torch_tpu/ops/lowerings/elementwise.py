@@ -34,17 +34,24 @@ from torch_tpu.ops.registry import Check, aten, lower
 # ---- arithmetic -------------------------------------------------------------
 
 
-@lower(aten.add.Tensor, aten.add.Scalar)
+def _scaled(b, alpha, dtype, ct):
+    """`b * alpha` in opmath `ct` (CPU rounds alpha to dtype); alpha is a Python or a traced scalar."""
+    if isinstance(alpha, PYTHON_SCALARS) and alpha == 1:
+        return b
+    return b * cast(cast(alpha, dtype), ct)
+
+
+@lower(aten.add.Tensor, aten.add.Scalar, traced=("other", "alpha"))
 def add(self, other, alpha=1):
     dtype, (a, b) = promote(self, other)
     if dtype == np.bool_:
-        return a | (b & bool(alpha))
+        return a | (b & cast(alpha, np.bool_))
     ct = opmath(dtype)
     a, b = cast(a, ct), cast(b, ct)
-    return a + (b if alpha == 1 else b * cast(cast(alpha, dtype), ct))  # CPU rounds alpha to dtype
+    return a + _scaled(b, alpha, dtype, ct)
 
 
-@lower(aten.sub.Tensor, aten.sub.Scalar)
+@lower(aten.sub.Tensor, aten.sub.Scalar, traced=("other", "alpha"))
 def sub(self, other, alpha=1):
     if any_bool(self, other):
         raise BOOL_UNSUPPORTED(
@@ -54,15 +61,15 @@ def sub(self, other, alpha=1):
     dtype, (a, b) = promote(self, other)
     ct = opmath(dtype)
     a, b = cast(a, ct), cast(b, ct)
-    return a - (b if alpha == 1 else b * cast(cast(alpha, dtype), ct))
+    return a - _scaled(b, alpha, dtype, ct)
 
 
-@lower(aten.rsub.Tensor, aten.rsub.Scalar)
+@lower(aten.rsub.Tensor, aten.rsub.Scalar, traced=("other", "alpha"))
 def rsub(self, other, alpha=1):
     return sub(other, self, alpha)
 
 
-@lower(aten.mul.Tensor, aten.mul.Scalar)
+@lower(aten.mul.Tensor, aten.mul.Scalar, traced=("other",))
 def mul(self, other):
     dtype, (a, b) = promote(self, other)
     if dtype == np.bool_:
@@ -91,7 +98,7 @@ def mul_(self, other):
     return mul(self, other)
 
 
-@lower(aten.div.Tensor, aten.div.Scalar)
+@lower(aten.div.Tensor, aten.div.Scalar, traced=("other",))
 def div(self, other):
     a, b = to_float(self, other)
     return a / b
@@ -216,8 +223,34 @@ def _int_pow(base, exponent):
     return jnp.where(exponent < 0, negative.astype(base.dtype), result)
 
 
-@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
-def power(self, exponent):
+def _check_pow(self, exponent):
+    """Eager: an integer tensor to a negative Python int (a traced exponent cannot raise)."""
+    if isinstance(self, torch.Tensor) and _is_integral(self) and isinstance(exponent, int) and exponent < 0:
+        if not isinstance(exponent, bool):
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+
+def _special_pow(base, exponent):
+    """CPU's special exponents (small integers, +-0.5) for a Python exponent, else None."""
+    if float(exponent).is_integer() and abs(exponent) <= 4:
+        return lax.integer_pow(base, int(exponent))
+    if exponent == 0.5:
+        return jnp.sqrt(base)
+    if exponent == -0.5:
+        return lax.rsqrt(base)
+    return None
+
+
+def _traced_pow(base, exponent):
+    """`_special_pow` chosen at run time for a traced 0-d exponent: the same results, one executable."""
+    result = jnp.power(base, exponent)
+    for special in (0.5, -0.5, *range(-4, 5)):
+        result = jnp.where(exponent == special, _special_pow(base, special), result)
+    return result
+
+
+@lower(aten.pow.Tensor_Tensor)
+def power(self, exponent, scalar_exponent=False):
     dtype, (base, exp) = promote(self, exponent)
     require("pow", dtype, bool_ok=False)
     if is_integral(dtype):
@@ -227,38 +260,47 @@ def power(self, exponent):
     ct = opmath(dtype)
     base = cast(base, ct)
     if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
-        if float(exponent).is_integer() and abs(exponent) <= 4:
-            return lax.integer_pow(base, int(exponent))
-        if exponent == 0.5:
-            return jnp.sqrt(base)
-        if exponent == -0.5:
-            return lax.rsqrt(base)
+        special = _special_pow(base, exponent)
+        if special is not None:
+            return special
+    elif scalar_exponent:
+        return _traced_pow(base, cast(exp, ct))  # a traced Scalar (a CPU 0-dim tensor exponent is not special)
     return jnp.power(base, cast(exp, ct))
 
 
-@lower(aten.lerp.Scalar, aten.lerp.Tensor)
+@lower(aten.pow.Tensor_Scalar, traced=("exponent",), check=_check_pow)
+def power_tensor_scalar(self, exponent):
+    return power(self, exponent, scalar_exponent=not isinstance(exponent, PYTHON_SCALARS))
+
+
+@lower(aten.pow.Scalar, traced=("self",))
+def power_scalar_tensor(self, exponent):
+    return power(self, exponent)
+
+
+@lower(aten.lerp.Scalar, aten.lerp.Tensor, traced=("weight",))
 def lerp(self, end, weight):
     a, b, w = float_args(self, end, weight)
     return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
 
 
-@lower(aten.addcmul.default)
+@lower(aten.addcmul.default, traced=("value",))
 def addcmul(self, tensor1, tensor2, *, value=1):
     dtype, (a, b, c) = promote(self, tensor1, tensor2)
     if dtype == np.bool_:
-        return a | (b & c & bool(value))
+        return a | (b & c & cast(value, np.bool_))
     ct = opmath(dtype)
     a, b, c = cast(a, ct), cast(b, ct), cast(c, ct)
     return a + cast(value, ct) * b * c
 
 
-@lower(aten.addcmul_.default)
+@lower(aten.addcmul_.default, traced=("value",))
 def addcmul_(self, tensor1, tensor2, *, value=1):
     _check_inplace(self, result_dtype(self, tensor1, tensor2))
     return addcmul(self, tensor1, tensor2, value=value)
 
 
-@lower(aten.addcdiv.default)
+@lower(aten.addcdiv.default, traced=("value",))
 def addcdiv(self, tensor1, tensor2, *, value=1):
     a, b, c = float_args(self, tensor1, tensor2)
     return a + cast(value, a.dtype) * (b / c)
@@ -513,7 +555,7 @@ def fmin(self, other):
     return jnp.fmin(a, b)
 
 
-@lower(aten.clamp.default, aten.clamp.Tensor)
+@lower(aten.clamp.default, aten.clamp.Tensor, traced=("min", "max"))
 def clamp(self, min=None, max=None):
     """max(x, min) then min(., max): NaN propagates, min > max gives max."""
     _, (x, lo, hi) = promote(self, min, max)
@@ -524,12 +566,12 @@ def clamp(self, min=None, max=None):
     return x
 
 
-@lower(aten.clamp_min.default, aten.clamp_min.Tensor)
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor, traced=("min",))
 def clamp_min(self, min):
     return clamp(self, min, None)
 
 
-@lower(aten.clamp_max.default, aten.clamp_max.Tensor)
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor, traced=("max",))
 def clamp_max(self, max):
     return clamp(self, None, max)
 
@@ -543,7 +585,7 @@ def where(condition, self, other):
     return jnp.where(cast(condition, np.bool_), a, b)
 
 
-@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor, traced=("value",))
 def masked_fill(self, mask, value):
     return jnp.where(cast(mask, np.bool_), cast(value, self.dtype), self)
 
@@ -568,7 +610,7 @@ for _name, _fn in {
     "ge": jnp.greater_equal,
 }.items():
     _packet = getattr(aten, _name)
-    lower(_packet.Tensor, _packet.Scalar)(_comparison(_fn))
+    lower(_packet.Tensor, _packet.Scalar, traced=("other",))(_comparison(_fn))
 
 
 @lower(aten.logical_and.default)

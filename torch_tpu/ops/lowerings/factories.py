@@ -24,13 +24,29 @@ def _scalar_dtype(*values, dtype=None) -> np.dtype:
     """The dtype a factory infers from its Scalar arguments, as torch does."""
     if dtype is not None:
         return to_numpy_dtype(dtype)
-    if any(isinstance(v, complex) for v in values):
+    kinds = [_kind(v) for v in values]
+    if complex in kinds:
         return jnp.dtype(np.complex128 if torch.get_default_dtype() == torch.float64 else np.complex64)
-    if any(isinstance(v, float) for v in values):
+    if float in kinds:
         return jax_dtype(None)
-    if all(isinstance(v, bool) for v in values):
+    if all(k is bool for k in kinds):
         return np.dtype(np.bool_)
     return np.dtype(np.int64)
+
+
+def _kind(value) -> type:
+    """bool, int, float or complex: of a Python scalar, or of a traced one (`Lowering.traced`)."""
+    if not hasattr(value, "dtype"):
+        return type(value)
+    if value.dtype == np.bool_:
+        return bool
+    return (
+        complex
+        if jnp.issubdtype(value.dtype, jnp.complexfloating)
+        else float
+        if jnp.issubdtype(value.dtype, jnp.floating)
+        else int
+    )
 
 
 # ---- fills ------------------------------------------------------------------
@@ -70,7 +86,17 @@ def _check_overflow(value, dtype: np.dtype) -> None:
         raise RuntimeError(f"value cannot be converted to type {name} without overflow")
 
 
-@lower(aten.fill_.Scalar, aten.fill_.Tensor)
+def _check_fill(self, value):
+    """Eager: CPU's overflow error, on the Python value (the lowering sees a traced one)."""
+    if isinstance(self, torch.Tensor):
+        _check_overflow(value, to_numpy_dtype(self.dtype))
+
+
+def _check_full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_overflow(fill_value, _scalar_dtype(fill_value, dtype=dtype))
+
+
+@lower(aten.fill_.Scalar, aten.fill_.Tensor, traced=("value",), check=_check_fill)
 def fill_(self, value):
     _check_overflow(value, self.dtype)
     return _filled(self.shape, value, self.dtype)
@@ -81,7 +107,7 @@ def zero_(self):
     return jnp.zeros_like(self)
 
 
-@lower(aten.full.default)
+@lower(aten.full.default, traced=("fill_value",), check=_check_full)
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     dtype = _scalar_dtype(fill_value, dtype=dtype)
     _check_overflow(fill_value, dtype)
@@ -104,7 +130,7 @@ def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memor
     return jnp.zeros(tuple(size), jax_dtype(dtype))
 
 
-@lower(aten.scalar_tensor.default)
+@lower(aten.scalar_tensor.default, traced=("s",))
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return _filled((), s, jax_dtype(dtype))
 

@@ -1,0 +1,184 @@
+"""Python scalar values are jit inputs, not part of the executable's key: 20 values, one compile
+(and the same numbers as CPU); the in-memory op cache is an LRU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu.runtime.executable_cache import ExecutableCache
+
+# 20 distinct values, none a schema default (alpha=1 keeps its own executable) nor a special exponent.
+VALUES = [0.37 + 0.113 * i for i in range(20)]
+# pow's special exponents (CPU computes x*x, sqrt, ...): traced, they still match CPU bit for bit.
+SPECIAL_EXPONENTS = [2.0, 3.0, 4.0, 0.5, -0.5, -1.0, -2.0, -3.0, -4.0, 0.0, 1.0, 2, -1, 3]
+
+CASES = {
+    "full": lambda x, y, m, v: torch.full((5, 3), v, dtype=x.dtype, device=x.device),
+    "fill_": lambda x, y, m, v: x.clone().fill_(v),
+    "clamp_max": lambda x, y, m, v: x.clamp(max=v),
+    "clamp_min_max": lambda x, y, m, v: x.clamp(min=-v, max=v),
+    "masked_fill": lambda x, y, m, v: x.masked_fill(m, v),
+    "where_scalar": lambda x, y, m, v: torch.where(m, x, v),
+    "pow_tensor_scalar": lambda x, y, m, v: y**v,
+    "pow_scalar_tensor": lambda x, y, m, v: v**x,
+    "lerp_scalar": lambda x, y, m, v: torch.lerp(x, y, v),
+    "add_alpha": lambda x, y, m, v: torch.add(x, y, alpha=v),
+    "sub_alpha": lambda x, y, m, v: torch.sub(x, y, alpha=v),
+    "mul_scalar": lambda x, y, m, v: x * v,
+    "div_scalar": lambda x, y, m, v: x / v,
+    "add_scalar": lambda x, y, m, v: x + v,
+    "gt_scalar": lambda x, y, m, v: x > v,
+}
+
+# XLA's CPU client divides by a broadcast scalar through its reciprocal and its pow differs from
+# std::pow by an ulp for general exponents (both before scalars were traced): close, not equal.
+NEAR = {("div_scalar", torch.float32), ("pow_tensor_scalar", torch.float32), ("pow_scalar_tensor", torch.float32)}
+
+
+def _compiles() -> int:
+    return torch_tpu.metrics.counters()["op_compiles"]
+
+
+def _inputs(dtype, shape=(64,)):
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    y = (torch.rand(shape, generator=g) * 2 + 0.1).to(dtype)
+    m = torch.rand(shape, generator=g) > 0.5
+    return x, y, m
+
+
+def _exact(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def _run_values(fn, dtype, values, shape=(64,)):
+    x, y, m = _inputs(dtype, shape)
+    xt, yt, mt = x.to("tpu"), y.to("tpu"), m.to("tpu")
+    pairs = [(fn(xt, yt, mt, values[0]).cpu(), fn(x, y, m, values[0]))]  # compiles the op (and clone...)
+    before = _compiles()
+    pairs += [(fn(xt, yt, mt, v).cpu(), fn(x, y, m, v)) for v in values[1:]]
+    return _compiles() - before, pairs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(CASES))
+def test_scalar_values_compile_once(name, dtype):
+    recompiles, pairs = _run_values(CASES[name], dtype, VALUES)
+    assert recompiles == 0, f"{name}: {recompiles} compiles for {len(VALUES)} new values"
+    for got, want in pairs:
+        if (name, dtype) in NEAR:
+            torch.testing.assert_close(got, want, rtol=3e-7, atol=0)
+        else:
+            _exact(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_traced_pow_special_exponents_match_cpu(dtype):
+    recompiles, pairs = _run_values(CASES["pow_tensor_scalar"], dtype, SPECIAL_EXPONENTS)
+    assert recompiles <= 1  # the float exponents compiled with the first; the int ones once
+    for e, (got, want) in zip(SPECIAL_EXPONENTS, pairs):
+        if e in (2, -1, 0, 1):
+            _exact(got, want)
+        else:  # XLA's CPU sqrt, rsqrt and integer_pow round differently from CPU's, traced or not
+            torch.testing.assert_close(got, want, rtol=3e-7 if dtype == torch.float32 else 8e-3, atol=0)
+
+
+@pytest.mark.parametrize(
+    "name,dtype,values",
+    [
+        ("add_alpha", torch.int32, [2, 3, -5, 7]),
+        ("sub_alpha", torch.int64, [2, 3, -5, 7]),
+        ("mul_scalar", torch.int32, [0.5, 1.25, -3.5]),  # int tensor * float: the default float dtype
+        ("mul_scalar", torch.float16, [0.1, 0.3, 1e-3]),
+        ("add_scalar", torch.uint8, [3, 7, 200]),
+        ("clamp_max", torch.int32, [2.5, -1.5, 0.25]),
+        ("full", torch.int64, [2, 3, -7]),
+        ("full", torch.bool, [True, False]),
+        ("fill_", torch.int16, [2, 3, -7]),
+        ("masked_fill", torch.int64, [2, 3, -7]),
+        ("where_scalar", torch.float16, [0.1, 0.3, 1e-3]),
+        ("pow_tensor_scalar", torch.int32, [2, 3, 5]),
+        ("lerp_scalar", torch.float64, [0.1, 0.7, -0.3]),
+        ("gt_scalar", torch.int32, [0.5, 1.5, -2.5]),
+    ],
+)
+def test_scalar_values_other_dtypes_match_cpu(name, dtype, values):
+    recompiles, pairs = _run_values(CASES[name], dtype, values)
+    assert recompiles == 0
+    for got, want in pairs:
+        _exact(got, want)
+
+
+def test_python_type_is_in_the_key():
+    x = torch.arange(6, dtype=torch.int32)
+    xt = x.to("tpu")
+    for v in (2, 2.5, True):
+        _exact((xt + v).cpu(), x + v)
+        _exact(torch.full((3,), v, device="tpu").cpu(), torch.full((3,), v))
+
+
+def test_fill_overflow_raises_cpu_error():
+    for dtype, value in [(torch.int8, 300), (torch.uint8, -300), (torch.float16, 1e6)]:
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.empty(3, dtype=dtype).fill_(value)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.empty(3, dtype=dtype, device="tpu").fill_(value)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.full((3,), value, dtype=dtype, device="tpu")
+
+
+def test_integer_pow_negative_exponent_raises():
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers are not allowed"):
+        torch.arange(3, device="tpu") ** -2
+
+
+def _adamw_run(device: str, steps: int):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    x = torch.randn(16, 8).to(device)
+    compiles = []
+    for _ in range(steps):
+        before = _compiles()
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        sched.step()
+        compiles.append(_compiles() - before)
+    return [p.detach().cpu() for p in model.parameters()], compiles
+
+
+def test_adamw_tensor_lr_under_cosine_schedule_does_not_recompile():
+    got, compiles = _adamw_run("tpu", 8)
+    want, _ = _adamw_run("cpu", 8)
+    assert compiles[2:] == [0] * 6, compiles
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)  # the matmul gradients differ by an ulp
+
+
+def test_lru_cache_evicts_least_recent():
+    before = torch_tpu.metrics.counters()["op_cache_evictions"]
+    cache = ExecutableCache(size=2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # "b" is now the least recently used
+    cache.put("c", 3)
+    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
+    assert len(cache) == 2
+    assert torch_tpu.metrics.counters()["op_cache_evictions"] == before + 1
+
+
+def test_op_cache_size_env_bounds_the_dispatcher_cache(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_OP_CACHE_SIZE", "3")
+    before = torch_tpu.metrics.counters()["op_cache_evictions"]
+    for n in range(200, 206):  # six new shapes: six new executables
+        x = torch.arange(n, dtype=torch.float32)
+        _exact((x.to("tpu") * 2.5).cpu(), x * 2.5)
+    from torch_tpu.ops import dispatcher
+
+    assert len(dispatcher._cache) <= 3
+    assert torch_tpu.metrics.counters()["op_cache_evictions"] > before
