@@ -189,6 +189,8 @@ def inplace_cast_check(op, check: Callable | None) -> Callable | None:
         return check
 
     def cast_check(self, other, *args, **kwargs):
+        if not isinstance(self, torch.Tensor):  # _foreach_*_: lists of tensors
+            return None if check is None else check(self, other, *args, **kwargs)
         if isinstance(other, torch.Tensor) and other.dim() and tuple(other.shape) != tuple(self.shape):
             shape = torch.broadcast_shapes(self.shape, other.shape)  # raises CPU's error where none is
             if tuple(shape) != tuple(self.shape):
