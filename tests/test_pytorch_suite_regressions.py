@@ -127,14 +127,12 @@ def test_special_polynomial_with_number_n():
     torch.testing.assert_close(got.cpu(), torch.special.chebyshev_polynomial_t(x, 3))
 
 
-@xfail("a CPU out= tensor is accepted (nonzero.out runs in the CPU fallback); CUDA raises (test_shape_ops)")
 def test_out_on_another_device_raises():
     t = torch.tensor([0, 1, 1, 0], device=TPU)
     with pytest.raises(RuntimeError, match="same device"):
         torch.nonzero(t, out=torch.empty(0, dtype=torch.long))
 
 
-@xfail("index_fill_ of a float tensor with a complex scalar drops the imaginary part; CPU raises (test_indexing)")
 def test_index_fill_complex_scalar_into_float_raises():
     x = torch.tensor([[1.0, 2.0], [4.0, 5.0]])
     with pytest.raises(RuntimeError, match="complex Scalar"):

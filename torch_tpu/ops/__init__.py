@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 
 import torch
 
-from torch_tpu.ops import dispatcher, fallback, lowerings, registry
+from torch_tpu.ops import checks, dispatcher, fallback, lowerings, registry
 from torch_tpu.ops.registry import aten, lower
 
 _libraries: list[torch.library.Library] = []
@@ -35,9 +36,13 @@ def install() -> None:
             continue
         if any(a.alias_info is not None for a in op._schema.arguments):
             continue
-        for variant in (registry.inplace_variant(op), registry.out_variant(op)):
-            if variant is not None and variant not in table:
-                lib.impl(variant, dispatcher.make_kernel(variant, lowering, derived=True), "PrivateUse1")
+        inplace = registry.inplace_variant(op)
+        if inplace is not None and inplace not in table:
+            checked = dataclasses.replace(lowering, check=checks.inplace_cast_check(inplace, lowering.check))
+            lib.impl(inplace, dispatcher.make_kernel(inplace, checked, derived=True), "PrivateUse1")
+        out = registry.out_variant(op)
+        if out is not None and out not in table:
+            lib.impl(out, dispatcher.make_kernel(out, lowering, derived=True), "PrivateUse1")
     _math_bit_fallthroughs(lib)
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(_boxed_fallback, dispatch_key="PrivateUse1")

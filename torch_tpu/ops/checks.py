@@ -7,6 +7,7 @@ returns as extra outputs of the executable and reads once after it runs."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from torch_tpu import metrics
+from torch_tpu.ops.dtypes import type_name
 from torch_tpu.ops.registry import Check
 from torch_tpu.ops.tensors import to_jax
 from torch_tpu.runtime import executable_cache
@@ -114,3 +116,93 @@ def range_check(
         return first_outside(index, -size if low_negative else 0, size, error, text)
 
     return Check(host, graph)
+
+
+# Named predicates of `flags` (a name, not a function, keys the persistent cache).
+PREDICATES: dict[str, Callable] = {
+    # multinomial / normal: an element that is nan, inf or negative
+    "not_finite_nonnegative": lambda a: ~jnp.all(jnp.isfinite(a) & (a >= 0)),
+    "negative": lambda a: jnp.any(a < 0),
+    "outside_unit": lambda a: ~jnp.all((a >= 0) & (a <= 1)),
+    # multinomial: a row whose probabilities sum to zero
+    "zero_row": lambda a: jnp.any(jnp.sum(a.reshape(-1, a.shape[-1]) if a.ndim else a, axis=-1) <= 0),
+}
+
+
+def flags(arrays: tuple, predicates: tuple[str, ...]) -> list[bool]:
+    """`PREDICATES[name](array)` for each (array, name) pair (a bool each), on the device: one host sync."""
+    metrics.bump("executions")
+    return [bool(v) for v in to_host(_flags(arrays, predicates))]
+
+
+@functools.partial(executable_cache.jit, static_argnums=1)
+def _flags(arrays, predicates):
+    return jnp.stack([jnp.asarray(PREDICATES[p](a), bool) for a, p in zip(arrays, predicates)])
+
+
+def dim_in_range(dim: int, ndim: int) -> None:
+    """CPU's IndexError for a dim outside [-ndim, ndim) (a 0-dim tensor takes dims -1 and 0)."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+
+
+_C_TYPE_NAMES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.int64: "long int",
+    torch.int32: "int",
+    torch.int16: "short int",
+    torch.int8: "signed char",
+    torch.uint8: "unsigned char",
+    torch.bool: "bool",
+    torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+
+def c_type_name(dtype: torch.dtype) -> str:
+    """The C++ type name some CPU messages use ("float", "long int")."""
+    return _C_TYPE_NAMES.get(dtype, str(dtype))
+
+
+# In-place ops whose result type need not cast to self (comparisons and logical ops write bools as 0/1).
+_CAST_EXEMPT = frozenset(
+    ("eq", "ne", "ge", "gt", "le", "lt", "greater", "greater_equal", "less", "less_equal", "not_equal", "copy")
+)
+
+
+def inplace_cast_check(op, check: Callable | None) -> Callable | None:
+    """For a derived in-place variant `op` taking (self, other, ...): CPU's error when `other` would
+    broadcast self to a larger shape, or the result type of self and other can't be cast to self's
+    dtype (x.add_(1j) on a float x); then `check`."""
+    schema = op._schema
+    name = schema.name.split("::")[1].rstrip("_")
+    if (
+        len(schema.arguments) < 2
+        or schema.arguments[1].name != "other"
+        or name in _CAST_EXEMPT
+        or name.startswith("logical_")
+    ):
+        return check
+
+    def cast_check(self, other, *args, **kwargs):
+        if not isinstance(self, torch.Tensor):  # _foreach_*_: lists of tensors
+            return None if check is None else check(self, other, *args, **kwargs)
+        if isinstance(other, torch.Tensor) and other.dim() and tuple(other.shape) != tuple(self.shape):
+            shape = torch.broadcast_shapes(self.shape, other.shape)  # raises CPU's error where none is
+            if tuple(shape) != tuple(self.shape):
+                raise RuntimeError(
+                    f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(shape)}"
+                )
+        if isinstance(other, (torch.Tensor, bool, int, float, complex)):
+            result = torch.result_type(self, other)
+            if not torch.can_cast(result, self.dtype):
+                raise RuntimeError(
+                    f"result type {type_name(result)} can't be cast to the desired output type {type_name(self.dtype)}"
+                )
+        return None if check is None else check(self, other, *args, **kwargs)
+
+    return cast_check

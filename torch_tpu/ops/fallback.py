@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from torch_tpu import debug, metrics
 
@@ -18,6 +18,25 @@ def _to_cpu(x):
         metrics.bump("host_transfers")
         return x.cpu()
     return x
+
+
+def _schema_outs(schema) -> set[str]:
+    return {a.name for a in schema.arguments if a.is_out}
+
+
+def _out_on_device(schema, args: tuple, kwargs: dict, device: torch.device) -> None:
+    """CUDA's error for an out= tensor on another device than the op's tpu inputs (the fallback
+    would write a CPU out= tensor, where the CPU op would need it on the CPU)."""
+    leaves = tree_flatten((args, [v for k, v in kwargs.items() if k not in _schema_outs(schema)]))[0]
+    if not any(isinstance(x, torch.Tensor) and x.device.type == "tpu" for x in leaves):
+        return
+    for a in schema.arguments:
+        t = kwargs.get(a.name) if a.is_out else None
+        if isinstance(t, torch.Tensor) and t.device.type != "tpu":
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, {device} and "
+                f"{t.device}!"
+            )
 
 
 def _device_of(args, kwargs) -> torch.device:
@@ -50,6 +69,7 @@ def cpu_fallback(op, args, kwargs):
                 f"torch_tpu: {name} returns a view and has no tpu kernel; a CPU fallback cannot alias"
             )
     device = _device_of(args, kwargs)
+    _out_on_device(schema, args, kwargs, device)
     cpu_args, cpu_kwargs = tree_map(_to_cpu, (args, kwargs))
     if "device" in cpu_kwargs and isinstance(cpu_kwargs["device"], torch.device):
         if cpu_kwargs["device"].type == "tpu":

@@ -10,7 +10,8 @@ import jax.scipy.special
 import numpy as np
 from jax import lax
 
-from torch_tpu.ops.dtypes import to_opmath
+from torch_tpu.ops.checks import dim_in_range
+from torch_tpu.ops.dtypes import to_opmath, type_name
 from torch_tpu.ops.lowerings.elementwise import clamp
 from torch_tpu.ops.promotion import (
     BOOL_UNSUPPORTED,
@@ -29,12 +30,25 @@ def _softmax_impl(x, dim, log):
     return jax.nn.log_softmax(x, axis=dim) if log else jax.nn.softmax(x, axis=dim)
 
 
-@lower(aten._softmax.default)
+def _softmax_check(name: str):
+    """CPU has no integer softmax kernel: NotImplementedError, as its dispatch macro raises."""
+
+    def check(self, dim, *args, **kwargs):
+        dim_in_range(dim, self.dim())
+        if not (self.is_floating_point() or self.is_complex()):
+            last = dim in (-1, self.dim() - 1) or self.dim() == 0
+            kernel = f"{name}_lastdim_kernel_impl" if last else f"{name}_kernel_impl"
+            raise NotImplementedError(f"\"{kernel}\" not implemented for '{type_name(self.dtype)}'")
+
+    return check
+
+
+@lower(aten._softmax.default, check=_softmax_check("softmax"))
 def softmax(self, dim, half_to_float):
     return _softmax_impl(self, dim, log=False)
 
 
-@lower(aten._log_softmax.default)
+@lower(aten._log_softmax.default, check=_softmax_check("log_softmax"))
 def log_softmax(self, dim, half_to_float):
     return _softmax_impl(self, dim, log=True)
 
@@ -129,6 +143,8 @@ def relu(self):
 @lower(aten.threshold.default)
 def threshold(self, threshold, value):
     """x <= threshold ? value : x."""
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        raise NotImplementedError(f"\"threshold_cpu\" not implemented for '{type_name(self.dtype)}'")
     return jnp.where(self <= cast(threshold, self.dtype), cast(value, self.dtype), self)
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torch_tpu.ops.dtypes import opmath, to_opmath
+from torch_tpu.ops.dtypes import opmath, to_opmath, type_name
 from torch_tpu.ops.lowerings.common import HIGHEST, ntuple
 from torch_tpu.ops.registry import aten, lower
 
@@ -121,7 +121,24 @@ def _check_conv_params(stride, padding, dilation) -> None:
         raise RuntimeError("dilation should be greater than zero")
 
 
-@lower(aten.convolution.default, layout=_conv_layout)
+def _conv_check(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """CPU's checks of the operands that jax would report as its own TypeError or ValueError."""
+    if input.dtype != weight.dtype:
+        raise RuntimeError(f"expected scalar type {type_name(input.dtype)} but found {type_name(weight.dtype)}")
+    out_channels = weight.shape[1] * groups if transposed else weight.shape[0]
+    if bias is not None and tuple(bias.shape) != (out_channels,):
+        raise RuntimeError(
+            f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with {out_channels} "
+            f"elements, but got bias of size {list(bias.shape)} instead"
+        )
+    if transposed and input.dim() == weight.dim() and input.shape[1] != weight.shape[0]:
+        raise RuntimeError(
+            f"Given transposed=1, weight of size {list(weight.shape)}, expected input{list(input.shape)} to have "
+            f"{weight.shape[0]} channels, but got {input.shape[1]} channels instead"
+        )
+
+
+@lower(aten.convolution.default, check=_conv_check, layout=_conv_layout)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     _check_conv_params(stride, padding, dilation)
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)

@@ -52,6 +52,7 @@ def _copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         value = value.real
     value = value.astype(to_numpy_dtype(dst.dtype))
     if tuple(value.shape) != tuple(dst.shape):
+        torch.broadcast_shapes(tuple(dst.shape), tuple(value.shape))  # CPU's error for a size mismatch
         value = jax.numpy.broadcast_to(value, tuple(dst.shape))
     write_jax(dst, value)
     return dst

@@ -280,6 +280,8 @@ def power_scalar_tensor(self, exponent):
 
 @lower(aten.lerp.Scalar, aten.lerp.Tensor, traced=("weight",))
 def lerp(self, end, weight):
+    kernel = "lerp_kernel_tensor" if hasattr(weight, "dtype") and jnp.ndim(weight) else "lerp_kernel_scalar"
+    require(kernel, self.dtype, bool_ok=False, int_ok=False)
     a, b, w = float_args(self, end, weight)
     return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
 
@@ -358,6 +360,8 @@ def sgn(self):
 def _rounding(fn):
     def lowering(self):
         require(f"{fn.__name__}_vml_cpu", self.dtype, bool_ok=False)
+        if jnp.issubdtype(self.dtype, jnp.complexfloating):
+            raise NotImplementedError(f"{fn.__name__} is not supported for complex inputs")
         return self if is_integral(self.dtype) else fn(self)
 
     return lowering
@@ -558,6 +562,8 @@ def fmin(self, other):
 @lower(aten.clamp.default, aten.clamp.Tensor, traced=("min", "max"))
 def clamp(self, min=None, max=None):
     """max(x, min) then min(., max): NaN propagates, min > max gives max."""
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        raise NotImplementedError("clamp is not supported for complex types")
     _, (x, lo, hi) = promote(self, min, max)
     if lo is not None:
         x = jnp.maximum(x, lo)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from torch_tpu.ops.checks import check_ranges, first_outside
 from torch_tpu.ops.dtypes import to_opmath
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import Check, aten, lower
 
 # ---- embedding --------------------------------------------------------------
 
@@ -58,7 +59,31 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, incl
     return out, bag, bag_size, max_indices
 
 
-@lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+_BAG_MESSAGE = "Index {position} of input takes value {value} which is not in the valid range [0, {rows})"
+
+
+def _bag_host_check(weight, indices, *args, **kwargs):
+    rows = weight.shape[0]
+
+    def error(value: int) -> RuntimeError:
+        flat = indices.reshape(-1).cpu()
+        position = int(((flat < 0) | (flat >= rows)).int().argmax())
+        return RuntimeError(_BAG_MESSAGE.format(position=position, value=value, rows=rows))
+
+    check_ranges([(indices, 0, rows, error)])
+
+
+def _bag_graph_check(weight, indices, *args, **kwargs):
+    rows = weight.shape[0]
+    text = _BAG_MESSAGE.replace("{rows}", str(rows)).replace("Index {position} of input", "An index of input")
+    return first_outside(indices, 0, rows, RuntimeError, text)
+
+
+@lower(
+    aten._embedding_bag.default,
+    aten._embedding_bag_forward_only.default,
+    check=Check(_bag_host_check, _bag_graph_check),
+)
 def embedding_bag(
     weight,
     indices,

@@ -111,6 +111,8 @@ def zero_(self):
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     dtype = _scalar_dtype(fill_value, dtype=dtype)
     _check_overflow(fill_value, dtype)
+    if isinstance(fill_value, complex) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        raise RuntimeError(f"value cannot be converted to type {jnp.dtype(dtype).name} without overflow")
     return _filled(tuple(size), fill_value, dtype)
 
 

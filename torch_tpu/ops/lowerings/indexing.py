@@ -141,7 +141,77 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     return out.reshape(shape)
 
 
-@lower(aten.index_reduce.default, check=range_check(False))
+def _argument_checks(pre, check: Check) -> Check:
+    """`check` (a range check) after `pre`, a host check of the arguments' dtypes and shapes."""
+
+    def host(*args, **kwargs):
+        pre(*args, **kwargs)
+        return check.host(*args, **kwargs)
+
+    return Check(host, check.graph)
+
+
+def _index_dtype(self, dim, index, *args, op: str, error=RuntimeError, message: str, dtypes=(torch.int64, torch.int32)):
+    if isinstance(index, torch.Tensor) and index.dtype not in dtypes:
+        raise error(message.format(op=op, dtype=type_name(index.dtype)))
+
+
+def _source_like_self(self, dim, index, source, op: str) -> None:
+    """index_add/index_copy: source is self with dim resized to the index length, same dtype."""
+    if not isinstance(source, torch.Tensor) or self.dim() == 0:
+        return
+    if source.dtype != self.dtype:
+        raise RuntimeError(
+            f"{op}(): self and source expected to have the same dtype, but got (self) "
+            f"{type_name(self.dtype)} and (source) {type_name(source.dtype)}"
+        )
+    d = dim % self.dim()
+    want = [*self.shape[:d], index.numel(), *self.shape[d + 1 :]]
+    if source.dim() and list(source.shape) != want:
+        raise RuntimeError(
+            "source tensor shape must match self tensor shape, excluding the specified dimension. "
+            f"Got self.shape = {list(self.shape)} source.shape = {list(source.shape)}"
+        )
+
+
+def _index_add_args(self, dim, index, source, *args, **kwargs):
+    _index_dtype(
+        self, dim, index, op="index_add_", message="{op}(): Expected dtype int32/int64 for index but got: {dtype}"
+    )
+    _source_like_self(self, dim, index, source, "index_add_")
+
+
+def _index_copy_args(self, dim, index, source, *args, **kwargs):
+    _index_dtype(
+        self,
+        dim,
+        index,
+        op="index_copy_",
+        message="{op}(): Expected a long tensor for index, but got {dtype}",
+        dtypes=(torch.int64,),
+    )
+    _source_like_self(self, dim, index, source, "index_copy_")
+
+
+def _index_fill_args(self, dim, index, *args, **kwargs):
+    _index_dtype(
+        self,
+        dim,
+        index,
+        op="index_fill_",
+        error=IndexError,
+        message="{op}(): Expected dtype int64 for index.",
+        dtypes=(torch.int64,),
+    )
+
+
+def _index_select_args(self, dim, index, *args, **kwargs):
+    _index_dtype(self, dim, index, op="index_select", message="{op}(): Expected dtype int32 or int64 for index")
+    if isinstance(index, torch.Tensor) and index.dim() > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+
+
+@lower(aten.index_reduce.default, check=range_check(False, IndexError, "index out of range in self"))
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     """scatter_reduce along `dim` with one index per slice."""
     shape = x.shape
@@ -156,7 +226,10 @@ def _along(axis: int, index):
     return (slice(None),) * axis + (index.reshape(-1),)
 
 
-@lower(aten.index_select.default, check=range_check(False, IndexError, "index out of range in self"))
+@lower(
+    aten.index_select.default,
+    check=_argument_checks(_index_select_args, range_check(False, IndexError, "index out of range in self")),
+)
 def index_select(x, dim, index):
     if x.ndim == 0:
         return jnp.take(x.reshape(1), index.reshape(-1), axis=0).reshape(())
@@ -176,7 +249,7 @@ def _index_update(x, dim, index, value, how):
     return (ref.max(value) if x.dtype == jnp.bool_ else ref.add(value)).reshape(shape)
 
 
-@lower(aten.index_add.default, check=range_check(False))
+@lower(aten.index_add.default, check=_argument_checks(_index_add_args, range_check(False)))
 def index_add(x, dim, index, source, *, alpha=1):
     if alpha != 1:
         source = source * alpha
@@ -185,18 +258,27 @@ def index_add(x, dim, index, source, *, alpha=1):
 
 @lower(
     aten.index_copy.default,
-    check=range_check(
-        False, IndexError, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"
+    check=_argument_checks(
+        _index_copy_args,
+        range_check(
+            False, IndexError, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"
+        ),
     ),
 )
 def index_copy(x, dim, index, source):
     return _index_update(x, dim, index, source, "set")
 
 
-_index_fill_check = range_check(True, IndexError)
+_index_fill_check = _argument_checks(_index_fill_args, range_check(True, IndexError))
 
 
-@lower(aten.index_fill.int_Scalar, check=_index_fill_check)
+def _index_fill_scalar_host_check(self, dim, index, value, *args, **kwargs):
+    if isinstance(value, complex) and not self.is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
+    _index_fill_check.host(self, dim, index)
+
+
+@lower(aten.index_fill.int_Scalar, check=Check(_index_fill_scalar_host_check, _index_fill_check.graph))
 def index_fill(x, dim, index, value):
     return _index_update(x, dim, index, value, "set")
 

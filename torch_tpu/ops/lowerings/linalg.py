@@ -13,7 +13,8 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops import precision
-from torch_tpu.ops.dtypes import to_opmath
+from torch_tpu.ops.checks import c_type_name
+from torch_tpu.ops.dtypes import to_opmath, type_name
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
@@ -62,17 +63,36 @@ def _scaled_sum(self, product, beta, alpha):
     return self + product
 
 
-@lower(aten.mm.default)
+def _mm_check(self, mat2, *args, **kwargs):
+    if self.dtype != mat2.dtype:
+        a, b = c_type_name(self.dtype), c_type_name(mat2.dtype)
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a} != {b}")
+
+
+def _bmm_check(self, mat2, *args, **kwargs):
+    if self.dtype != mat2.dtype:
+        raise RuntimeError(f"expected scalar type {type_name(self.dtype)} but found {type_name(mat2.dtype)}")
+
+
+def _addmm_check(self, mat1, mat2, *args, **kwargs):
+    _mm_check(mat1, mat2)
+    if self.dtype != mat2.dtype:
+        raise RuntimeError(
+            f"self and mat2 must have the same dtype, but got {type_name(self.dtype)} and {type_name(mat2.dtype)}"
+        )
+
+
+@lower(aten.mm.default, check=_mm_check)
 def mm(self, mat2):
     return matmul(self, mat2)
 
 
-@lower(aten.bmm.default)
+@lower(aten.bmm.default, check=_bmm_check)
 def bmm(self, mat2):
     return matmul(self, mat2)
 
 
-@lower(aten.addmm.default)
+@lower(aten.addmm.default, check=_addmm_check)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     return _scaled_sum(self, matmul(mat1, mat2, rounded=False), beta, alpha)
 

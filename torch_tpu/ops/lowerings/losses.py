@@ -10,7 +10,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.checks import Failure
+from torch_tpu.ops.checks import Failure, check_ranges, first_outside
 from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.lowerings.common import HIGHEST
 from torch_tpu.ops.registry import Check, aten, lower
@@ -144,6 +144,8 @@ def mse_loss_backward(grad_output, self, target, reduction):
 
 @lower(aten.smooth_l1_loss.default)
 def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
+    if beta < 0:
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
     d = jnp.abs(to_opmath(self) - to_opmath(target))
     if beta == 0:
         return _reduce(d, reduction)
@@ -220,7 +222,16 @@ def _as_batch(self, target):
     return (self[None], target.reshape(1)) if self.ndim == 1 else (self, target)
 
 
-@lower(aten.multi_margin_loss.default)
+def _margin_target_host(self, target, *args, **kwargs):
+    classes = self.shape[-1] if self.dim() else 1
+    check_ranges([(target, 0, classes, lambda v: RuntimeError("target out of range"))])
+
+
+def _margin_target_graph(self, target, *args, **kwargs) -> list[Failure]:
+    return first_outside(target, 0, self.shape[-1] if self.ndim else 1, RuntimeError, "target out of range")
+
+
+@lower(aten.multi_margin_loss.default, check=Check(_margin_target_host, _margin_target_graph))
 def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
     x, t = _as_batch(to_opmath(self), target)
     loss = _multi_margin(x, t, p, margin, weight)

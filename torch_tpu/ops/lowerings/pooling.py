@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from torch_tpu.ops.checks import check_ranges, first_outside
 from torch_tpu.ops.dtypes import opmath, to_opmath
 from torch_tpu.ops.lowerings.common import HIGHEST, ntuple
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import Check, aten, lower
 
 # ---- pooling ----------------------------------------------------------------
 
@@ -285,12 +286,30 @@ def _max_unpool(self, indices, output_size):
     return out.reshape(tuple(lead) + tuple(output_size))
 
 
-@lower(aten.max_unpool2d.default)
+def _unpool_check() -> Check:
+    """CPU's error for an index outside the output volume (jax would drop that write)."""
+
+    def message(output_size) -> str:
+        return (
+            "Found an invalid max index: {value} (output volumes are of size " + "x".join(map(str, output_size)) + ")"
+        )
+
+    def host(self, indices, output_size, *args, **kwargs):
+        text = message(output_size)
+        check_ranges([(indices, 0, math.prod(output_size), lambda v: RuntimeError(text.format(value=v)))])
+
+    def graph(self, indices, output_size, *args, **kwargs):
+        return first_outside(indices, 0, math.prod(output_size), RuntimeError, message(output_size))
+
+    return Check(host, graph)
+
+
+@lower(aten.max_unpool2d.default, check=_unpool_check())
 def max_unpool2d(self, indices, output_size):
     return _max_unpool(self, indices, tuple(output_size))
 
 
-@lower(aten.max_unpool3d.default)
+@lower(aten.max_unpool3d.default, check=_unpool_check())
 def max_unpool3d(self, indices, output_size, stride, padding):
     return _max_unpool(self, indices, tuple(output_size))
 

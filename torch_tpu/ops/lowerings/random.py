@@ -9,11 +9,48 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
+from torch_tpu.ops.checks import PREDICATES, Failure, flags
 from torch_tpu.ops.dtypes import opmath, to_numpy_dtype, type_name
 from torch_tpu.ops.promotion import cast, float_dtype, is_integral, require, result_dtype
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import Check, aten, lower
+from torch_tpu.ops.tensors import to_jax
+
+
+def _value_check(predicate: str, message: str, position: int) -> Check:
+    """CPU's RuntimeError(message) when `PREDICATES[predicate]` holds for the float tensor argument at
+    `position` (probabilities, a std): eager reads one flag (a host sync), graphs return it."""
+
+    def host(*args, **kwargs):
+        t = args[position] if len(args) > position else None
+        if isinstance(t, torch.Tensor) and t.device.type == "tpu" and t.is_floating_point() and t.numel():
+            if flags((to_jax(t),), (predicate,))[0]:
+                raise RuntimeError(message)
+
+    def graph(*args, **kwargs):
+        a = args[position] if len(args) > position else None
+        if a is None or not hasattr(a, "dtype") or not jnp.issubdtype(a.dtype, jnp.floating) or not jnp.size(a):
+            return []
+        return [Failure(PREDICATES[predicate](a), jnp.int64(0), RuntimeError, message)]
+
+    return Check(host, graph)
+
+
+_P_IN_UNIT = "Expected p_in >= 0 && p_in <= 1 to be true, but got false."
+_bernoulli_check = _value_check("outside_unit", _P_IN_UNIT, 1)
+_std_check = _value_check("negative", "normal expects all elements of std >= 0.0", 1)
+
+
+def _float_p_in_unit(p) -> None:
+    if isinstance(p, float) and not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+
+
+def _from_below_to(low: int, to: int) -> None:
+    if low >= to:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={to}")
 
 
 def _uniform(rng, shape, dtype) -> jnp.ndarray:
@@ -43,7 +80,12 @@ def normal_(self, mean=0.0, std=1.0, *, rng):
     return mean + std * jax.random.normal(rng, self.shape, opmath(self.dtype))
 
 
-@lower(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True)
+@lower(aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True, check=_std_check)
+def normal_std_tensor(mean, std, *, rng):
+    return normal(mean, std, rng=rng)
+
+
+@lower(aten.normal.Tensor_float, random=True)
 def normal(mean, std=1.0, *, rng):
     dtype = opmath(float_dtype(result_dtype(mean, std)))
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
@@ -82,12 +124,13 @@ def _bernoulli(rng, shape, p) -> jnp.ndarray:
     return jax.random.uniform(rng, shape, dtype) < cast(p, dtype)
 
 
-@lower(aten.bernoulli_.float, aten.bernoulli_.Tensor, random=True)
+@lower(aten.bernoulli_.float, aten.bernoulli_.Tensor, random=True, check=_bernoulli_check)
 def bernoulli_(self, p=0.5, *, rng):
+    _float_p_in_unit(p)
     return _bernoulli(rng, self.shape, p)
 
 
-@lower(aten.bernoulli.default, random=True)
+@lower(aten.bernoulli.default, random=True, check=_value_check("outside_unit", _P_IN_UNIT, 0))
 def bernoulli(self, *, rng):
     require("bernoulli_tensor_cpu_p_", self.dtype, bool_ok=False, int_ok=False)
     return _bernoulli(rng, self.shape, self)
@@ -95,6 +138,7 @@ def bernoulli(self, *, rng):
 
 @lower(aten.bernoulli.p, random=True)
 def bernoulli_p(self, p, *, rng):
+    _float_p_in_unit(p)
     return _bernoulli(rng, self.shape, p)
 
 
@@ -125,12 +169,14 @@ def random_(self, *, rng):
 
 @lower(aten.random_.to, random=True)
 def random_to(self, to, *, rng):
+    _from_below_to(0, to)
     return _random_integers(rng, self.shape, 0, to)
 
 
 @lower(getattr(aten.random_, "from"), random=True)
 def random_from(self, low, to=None, *, rng):
     high = _upper_bound(self.dtype) + 1 if to is None else to
+    _from_below_to(low, high)
     return _random_integers(rng, self.shape, low, high - low)
 
 
@@ -141,11 +187,39 @@ def randperm(n, *, dtype=None, layout=None, device=None, pin_memory=None, rng):
     return jax.random.permutation(rng, n).astype(out)
 
 
-@lower(aten.multinomial.default, random=True)
+_BAD_PROBABILITY = "probability tensor contains either `inf`, `nan` or element < 0"
+
+
+def _multinomial_host_check(self, *args, **kwargs):
+    if self.device.type == "tpu" and self.is_floating_point() and self.numel():
+        bad, zero = flags((to_jax(self), to_jax(self)), ("not_finite_nonnegative", "zero_row"))
+        if bad:
+            raise RuntimeError(_BAD_PROBABILITY)
+        if zero:
+            raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+
+
+def _multinomial_graph_check(self, *args, **kwargs) -> list[Failure]:
+    if not jnp.issubdtype(self.dtype, jnp.floating) or not self.size:
+        return []
+    return [
+        Failure(PREDICATES["not_finite_nonnegative"](self), jnp.int64(0), RuntimeError, _BAD_PROBABILITY),
+        Failure(
+            PREDICATES["zero_row"](self),
+            jnp.int64(0),
+            RuntimeError,
+            "invalid multinomial distribution (sum of probabilities <= 0)",
+        ),
+    ]
+
+
+@lower(aten.multinomial.default, random=True, check=Check(_multinomial_host_check, _multinomial_graph_check))
 def multinomial(self, num_samples, replacement=False, *, rng):
     """Categorical draws over the last dim; without replacement, the Gumbel top-k trick."""
     if is_integral(self.dtype):
         raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {type_name(self.dtype)}")
+    if not replacement and num_samples > self.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
     logits = jnp.log(cast(self, opmath(self.dtype)))
     if replacement:
         batch = logits.shape[:-1]

@@ -151,14 +151,21 @@ def _require_dim_nonempty(x, axis: int | None, name: str) -> None:
         raise IndexError(f"{name}(): Expected reduction dim {axis} to have non-zero size.")
 
 
+def _require_real(x, kernel: str) -> None:
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise NotImplementedError(f"\"{kernel}\" not implemented for '{type_name(x.dtype)}'")
+
+
 @lower(aten.max.default)
 def max_all(x):
+    _require_real(x, "max_all")
     _require_nonempty(x, "max")
     return jnp.max(x)
 
 
 @lower(aten.min.default)
 def min_all(x):
+    _require_real(x, "min_all")
     _require_nonempty(x, "min")
     return jnp.min(x)
 

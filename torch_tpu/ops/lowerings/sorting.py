@@ -10,8 +10,9 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops.checks import check_ranges, dim_in_range, first_outside
 from torch_tpu.ops.lowerings.indexing import count_true
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import Check, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
 
@@ -34,7 +35,13 @@ def sort_along(x, axis: int, descending: bool = False):
     return s.astype(x.dtype), i
 
 
-@lower(aten.sort.stable)
+def _sort_check(self, *args, stable=None, dim=-1, **kwargs):
+    dim_in_range(dim, self.dim())
+    if self.is_complex():
+        raise RuntimeError("Sort does not support complex dtypes on CPU")
+
+
+@lower(aten.sort.stable, check=_sort_check)
 def sort(x, *, stable=None, dim=-1, descending=False):
     return sort_along(x, dim % max(x.ndim, 1), descending)
 
@@ -84,8 +91,29 @@ def _value(v, seq):
     return jnp.asarray(v)
 
 
-@lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+_SORTER_MESSAGE = "torch.searchsorted(): sorter index out of range"
+
+
+def _sorter_host_check(sorted_sequence, *args, sorter=None, **kwargs):
+    if isinstance(sorter, torch.Tensor) and sorted_sequence.dim():
+        n = sorted_sequence.shape[-1]
+        check_ranges([(sorter, 0, n, lambda v: RuntimeError(_SORTER_MESSAGE))])
+
+
+def _sorter_graph_check(sorted_sequence, *args, sorter=None, **kwargs):
+    if sorter is None or not jnp.ndim(sorted_sequence):
+        return []
+    return first_outside(sorter, 0, jnp.shape(sorted_sequence)[-1], RuntimeError, _SORTER_MESSAGE)
+
+
+@lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar, check=Check(_sorter_host_check, _sorter_graph_check))
 def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    if side not in (None, "left", "right"):
+        raise RuntimeError(f"torch.searchsorted(): side can only be 'left' or 'right' but got {side}")
+    if right and side == "left":
+        raise RuntimeError(
+            "torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True"
+        )
     return _searchsorted(sorted_sequence, _value(self, sorted_sequence), right or side == "right", sorter, out_int32)
 
 

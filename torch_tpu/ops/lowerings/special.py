@@ -7,12 +7,16 @@ import math
 import jax.numpy as jnp
 import jax.scipy.special
 import jax.scipy.special as jsp
+import torch
 from jax import lax
 
+from torch_tpu.ops.checks import c_type_name as _c_name
 from torch_tpu.ops.dtypes import type_name
 from torch_tpu.ops.promotion import (
     float_args,
     promote,
+    require,
+    result_dtype,
     to_float,
 )
 from torch_tpu.ops.registry import aten, lower
@@ -38,7 +42,17 @@ for _op, _fn in {
     lower(_op)(_special(_fn))
 
 
-@lower(aten.frexp.Tensor)
+def _frexp_check(self, *, mantissa=None, exponent=None):
+    """frexp.Tensor_out's dtype rules (the out= variant is derived from frexp.Tensor)."""
+    if mantissa is not None and mantissa.dtype != self.dtype:
+        raise RuntimeError(
+            f"torch.frexp() expects mantissa to have dtype {_c_name(self.dtype)} but got {_c_name(mantissa.dtype)}"
+        )
+    if exponent is not None and exponent.dtype != torch.int32:
+        raise RuntimeError(f"torch.frexp() expects exponent to have int dtype but got {_c_name(exponent.dtype)}")
+
+
+@lower(aten.frexp.Tensor, check=_frexp_check)
 def frexp(self):
     mantissa, exponent = jnp.frexp(self)
     return mantissa, exponent.astype(jnp.int32)
@@ -46,12 +60,14 @@ def frexp(self):
 
 @lower(aten.gcd.default)
 def gcd(self, other):
+    require("gcd_cpu", result_dtype(self, other), bool_ok=False, float_ok=False)
     _, (a, b) = promote(self, other)
     return jnp.gcd(a, b)
 
 
 @lower(aten.lcm.default)
 def lcm(self, other):
+    require("lcm_cpu", result_dtype(self, other), bool_ok=False, float_ok=False)
     _, (a, b) = promote(self, other)
     return jnp.lcm(a, b)
 
