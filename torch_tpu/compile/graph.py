@@ -40,7 +40,7 @@ from torch.fx import GraphModule, Node
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import async_compile, buckets, donation
 from torch_tpu.compile import options as compile_options
-from torch_tpu.ops import checks, precision, registry, schema, tensors
+from torch_tpu.ops import checks, precision, registry, schema, storage_locks, tensors
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.lowerings import copies
@@ -203,6 +203,13 @@ class Segment:
     # -- runtime --
 
     def run(self, values: list, rng_data) -> list:
+        if not self.mutations:
+            return self._run(values, rng_data)
+        targets = [values[self.inputs.index(placeholder)] for placeholder, _ in self.mutations]
+        with storage_locks.held(targets):  # the mutated inputs' read, run and swap: atomic
+            return self._run(values, rng_data)
+
+    def _run(self, values: list, rng_data) -> list:
         dyn: list = []
         sig: list = []
         device = None

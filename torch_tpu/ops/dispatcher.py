@@ -24,7 +24,7 @@ from torch._ops import OpOverload
 from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import precision, spmd, tensors, view_gathers
+from torch_tpu.ops import precision, spmd, storage_locks, tensors, view_gathers
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering
@@ -404,13 +404,20 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     traced = plan.traced_scalars(lowering.traced)
     check = lowering.check
     if lowering.eager:
-        return lowering.fn if check is None else _checked(lowering.fn, check)
+        fn = lowering.fn if check is None else _checked(lowering.fn, check)
+        return _storage_locked(plan, fn) if plan.mutable else fn
     name = f"{op} {lowering.fn.__module__}.{lowering.fn.__qualname__}"  # the persistent key's op part
 
     def kernel(*args, **kwargs):
         if check is not None:
             args, kwargs = _apply_check(check, args, kwargs)
         bound = plan.bind(args, kwargs)
+        if not plan.mutable:
+            return run(args, kwargs, bound)
+        with storage_locks.held(_mutable_tensors(plan, bound)):  # read, run and swap: atomic per storage
+            return run(args, kwargs, bound)
+
+    def run(args, kwargs, bound):
         _wrap_numbers(bound, plan.tensor_args)
         if traced:
             _wrap_scalars(bound, traced)
@@ -476,6 +483,17 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     return kernel
 
 
+def _storage_locked(plan: OpPlan, fn: Callable) -> Callable:
+    """Eager lowering `fn` of a mutating op, holding its mutated storages' locks."""
+
+    def run(*args, **kwargs):
+        with storage_locks.held(_mutable_tensors(plan, plan.bind(args, kwargs))):
+            return fn(*args, **kwargs)
+
+    run.__name__ = fn.__name__
+    return run
+
+
 def _apply_check(check: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Runs a host check; it may return replacement arguments (a CPU scalar moved to the device)."""
     replaced = check(*args, **kwargs)
@@ -521,7 +539,7 @@ def _resize_out_args(plan: OpPlan, bound: list, entry: _Entry) -> bool:
                     "have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
                     "to zero elements with t.resize_(0).",
                     UserWarning,
-                    stacklevel=3,
+                    stacklevel=4,  # _resize_out_args, run, kernel, the caller
                 )
             t.resize_(shape)
             changed = True

@@ -13,7 +13,7 @@ import torch
 
 from torch_tpu import _C, metrics
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import spmd
+from torch_tpu.ops import spmd, storage_locks
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, to_numpy_dtype
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.runtime import client, executable_cache
@@ -27,9 +27,12 @@ def buffer_of(t: torch.Tensor) -> jax.Array:
     """The flat buffer behind a tpu tensor; unwritten storage becomes zeros."""
     buf = _C._get_buffer(t)
     if buf is None:
-        n = _C._buffer_nbytes(t) // t.element_size()  # a storage slice's parent's whole buffer
-        buf = _zeros(n, TORCH_TO_NUMPY[t.dtype], t.device.index)
-        _C._set_buffer(t, buf, t.dtype, n)
+        with storage_locks.held((t,)):  # another thread may be writing it first
+            buf = _C._get_buffer(t)
+            if buf is None:
+                n = _C._buffer_nbytes(t) // t.element_size()  # a storage slice's parent's whole buffer
+                buf = _zeros(n, TORCH_TO_NUMPY[t.dtype], t.device.index)
+                _C._set_buffer(t, buf, t.dtype, n)
     return buf
 
 
@@ -141,7 +144,11 @@ def to_jax(t: torch.Tensor) -> jax.Array:
 def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     """Writes `value` into the tpu tensor `t` (a view writes through to its base; a conj or
     neg view stores the value conjugated or negated, so that it reads back as `value`)."""
-    value = _through_bits(t, value)
+    with storage_locks.held((t,)):  # the base's read and swap, atomic
+        _write_jax(t, _through_bits(t, value))
+
+
+def _write_jax(t: torch.Tensor, value: jax.Array) -> None:
     if lazy is not None and lazy.pending(value):
         return lazy.write(t, value)
     buf = buffer_of(t)
