@@ -403,6 +403,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     plan = OpPlan(op, derived)
     traced = plan.traced_scalars(lowering.traced)
     check = lowering.check
+    if check is not None and derived and plan.out_names:
+        check = _without_outs(check, plan.out_set)
     if lowering.eager:
         fn = lowering.fn if check is None else _checked(lowering.fn, check)
         return _storage_locked(plan, fn) if plan.mutable else fn
@@ -498,6 +500,20 @@ def _apply_check(check: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dic
     """Runs a host check; it may return replacement arguments (a CPU scalar moved to the device)."""
     replaced = check(*args, **kwargs)
     return (args, kwargs) if replaced is None else replaced
+
+
+def _without_outs(check: Callable, out_names: frozenset) -> Callable:
+    """A functional op's check, run for its derived out= variant: it sees the call without the out tensors."""
+
+    def run(*args, **kwargs):
+        outs = {k: v for k, v in kwargs.items() if k in out_names}
+        replaced = check(*args, **{k: v for k, v in kwargs.items() if k not in out_names})
+        if replaced is None:
+            return None
+        new_args, new_kwargs = replaced
+        return new_args, {**new_kwargs, **outs}
+
+    return run
 
 
 def _checked(fn: Callable, check: Callable) -> Callable:
