@@ -34,6 +34,7 @@ _SKIPPED_MODULES = (
     "torch_tpu.device",
     "jax",
     "jaxlib",
+    "ml_dtypes",
 )
 
 _graph_ids = itertools.count()
