@@ -9,6 +9,7 @@ output shapes, dtypes and error checks.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import warnings
@@ -403,7 +404,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
     plan = OpPlan(op, derived)
     traced = plan.traced_scalars(lowering.traced)
     check = lowering.check
-    if check is not None and derived and plan.out_names:
+    if check is not None and derived and plan.out_names and not _takes_outs(check, plan.out_names):
         check = _without_outs(check, plan.out_set)
     if lowering.eager:
         fn = lowering.fn if check is None else _checked(lowering.fn, check)
@@ -500,6 +501,12 @@ def _apply_check(check: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dic
     """Runs a host check; it may return replacement arguments (a CPU scalar moved to the device)."""
     replaced = check(*args, **kwargs)
     return (args, kwargs) if replaced is None else replaced
+
+
+def _takes_outs(check: Callable, out_names: list[str]) -> bool:
+    """Whether a check names the out= tensors (frexp's dtype rules) or takes any keyword."""
+    params = inspect.signature(check).parameters
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) or all(n in params for n in out_names)
 
 
 def _without_outs(check: Callable, out_names: frozenset) -> Callable:
