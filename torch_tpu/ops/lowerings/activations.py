@@ -140,7 +140,7 @@ def relu(self):
     return jnp.maximum(self, jnp.zeros((), self.dtype))
 
 
-@lower(aten.threshold.default)
+@lower(aten.threshold.default, traced=("threshold", "value"))
 def threshold(self, threshold, value):
     """x <= threshold ? value : x."""
     if jnp.issubdtype(self.dtype, jnp.complexfloating):
@@ -148,19 +148,26 @@ def threshold(self, threshold, value):
     return jnp.where(self <= cast(threshold, self.dtype), cast(value, self.dtype), self)
 
 
-@lower(aten.leaky_relu.default)
+@lower(aten.leaky_relu.default, traced=("negative_slope",))
 def leaky_relu(self, negative_slope=0.01):
     (x,) = float_args(self)
     return jnp.where(x > 0, x, x * negative_slope)
 
 
-@lower(aten.elu.default)
+@lower(aten.elu.default, traced=("alpha", "scale", "input_scale"))
 def elu(self, alpha=1, scale=1, input_scale=1):
     (x,) = float_args(self)
-    return jnp.where(x <= 0, jnp.expm1(x * input_scale) * (alpha * scale), x * scale)
+    negcoef, poscoef, negiptcoef = _elu_coefficients(x.dtype, alpha, scale, input_scale)
+    return jnp.where(x <= 0, jnp.expm1(x * negiptcoef) * negcoef, x * poscoef)
 
 
-@lower(aten.hardtanh.default)
+def _elu_coefficients(dtype, alpha, scale, input_scale):
+    """CPU's (alpha * scale, scale, input_scale), each in the op math dtype."""
+    alpha, scale, input_scale = (cast(v, dtype) for v in (alpha, scale, input_scale))
+    return alpha * scale, scale, input_scale
+
+
+@lower(aten.hardtanh.default, traced=("min_val", "max_val"))
 def hardtanh(self, min_val=-1, max_val=1):
     return clamp(self, min_val, max_val)
 
@@ -177,7 +184,7 @@ def hardswish(self):
     return x * jnp.clip(x + 3, 0, 6) / 6
 
 
-@lower(aten.softplus.default)
+@lower(aten.softplus.default, traced=("beta", "threshold"))
 def softplus(self, beta=1, threshold=20):
     (x,) = float_args(self)
     return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
@@ -210,7 +217,7 @@ def silu(self):
 # ---- activation backward ops ------------------------------------------------
 
 
-@lower(aten.threshold_backward.default)
+@lower(aten.threshold_backward.default, traced=("threshold",))
 def threshold_backward(grad_output, self, threshold):
     return jnp.where(self <= cast(threshold, self.dtype), jnp.zeros((), grad_output.dtype), grad_output)
 
@@ -227,29 +234,30 @@ def tanh_backward(grad_output, output):
     return g * (1 - y * y)
 
 
-@lower(aten.leaky_relu_backward.default)
+@lower(aten.leaky_relu_backward.default, traced=("negative_slope",))
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     g, x = float_args(grad_output, self)
     return jnp.where(x > 0, g, g * negative_slope)
 
 
-@lower(aten.elu_backward.default)
+@lower(aten.elu_backward.default, traced=("alpha", "scale", "input_scale"))
 def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
     g, x = float_args(grad_output, self_or_result)
+    negcoef, poscoef, negiptcoef = _elu_coefficients(x.dtype, alpha, scale, input_scale)
     if is_result:
-        negative = g * input_scale * (x + alpha * scale)
+        negative = g * negiptcoef * (x + negcoef)
     else:
-        negative = g * input_scale * alpha * scale * jnp.exp(x * input_scale)
-    return jnp.where(x <= 0, negative, g * scale)
+        negative = g * negiptcoef * negcoef * jnp.exp(x * negiptcoef)
+    return jnp.where(x <= 0, negative, g * poscoef)
 
 
-@lower(aten.hardtanh_backward.default)
+@lower(aten.hardtanh_backward.default, traced=("min_val", "max_val"))
 def hardtanh_backward(grad_output, self, min_val, max_val):
     g, x = float_args(grad_output, self)
     return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros_like(g), g)
 
 
-@lower(aten.softplus_backward.default)
+@lower(aten.softplus_backward.default, traced=("beta", "threshold"))
 def softplus_backward(grad_output, self, beta, threshold):
     g, x = float_args(grad_output, self)
     z = jnp.exp(x * beta)

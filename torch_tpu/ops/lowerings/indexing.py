@@ -86,7 +86,7 @@ def scatter_src(x, dim, index, src):
     return _scatter(x, dim, index, src, "set")
 
 
-@lower(aten.scatter.value, check=_scatter_check)
+@lower(aten.scatter.value, check=_scatter_check, traced=("value",))
 def scatter_value(x, dim, index, value):
     return _scatter(x, dim, index, value, "set")
 
@@ -96,7 +96,7 @@ def scatter_reduce_legacy(x, dim, index, src, *, reduce):
     return _scatter(x, dim, index, src, reduce)
 
 
-@lower(aten.scatter.value_reduce, check=_scatter_check)
+@lower(aten.scatter.value_reduce, check=_scatter_check, traced=("value",))
 def scatter_value_reduce(x, dim, index, value, *, reduce):
     return _scatter(x, dim, index, value, reduce)
 
@@ -278,7 +278,11 @@ def _index_fill_scalar_host_check(self, dim, index, value, *args, **kwargs):
     _index_fill_check.host(self, dim, index)
 
 
-@lower(aten.index_fill.int_Scalar, check=Check(_index_fill_scalar_host_check, _index_fill_check.graph))
+@lower(
+    aten.index_fill.int_Scalar,
+    check=Check(_index_fill_scalar_host_check, _index_fill_check.graph),
+    traced=("value",),
+)
 def index_fill(x, dim, index, value):
     return _index_update(x, dim, index, value, "set")
 

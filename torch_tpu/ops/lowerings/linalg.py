@@ -49,18 +49,21 @@ def matmul(a: jax.Array, b: jax.Array, rounded: bool = True) -> jax.Array:
 def _scaled_sum(self, product, beta, alpha):
     """beta * self + alpha * product; beta == 0 ignores self (even nan/inf), as in torch.
     Integer results take the scalars truncated to integers, as CPU does. Half floats (a float32
-    `product` of half inputs) are scaled and summed in float32 and rounded once, as CPU's gemm."""
+    `product` of half inputs) are scaled and summed in float32 and rounded once, as CPU's gemm.
+    A traced beta or alpha (a jax scalar) takes the same arithmetic, selected by value in the graph."""
     if _is_low_float(self.dtype) and product.dtype == jnp.float32:
         return _scaled_sum(self.astype(jnp.float32), product, beta, alpha).astype(self.dtype)
-    if not jnp.issubdtype(product.dtype, jnp.inexact):
-        alpha, beta = int(alpha), int(beta)
-    if alpha != 1:
+    integral = not jnp.issubdtype(product.dtype, jnp.inexact)
+    if integral:
+        alpha, beta = (int(v) if isinstance(v, (int, float)) else v.astype(product.dtype) for v in (alpha, beta))
+    if not isinstance(alpha, (int, float)) or alpha != 1:
         product = product * alpha
-    if beta == 0:
-        return jnp.broadcast_to(product, jnp.broadcast_shapes(self.shape, product.shape))
-    if beta != 1:
-        self = self * beta
-    return self + product
+    shape = jnp.broadcast_shapes(self.shape, product.shape)
+    if isinstance(beta, (int, float)):
+        if beta == 0:
+            return jnp.broadcast_to(product, shape)
+        return (self if beta == 1 else self * beta) + product
+    return jnp.where(beta == 0, jnp.broadcast_to(product, shape), self * beta + product)
 
 
 def _mm_check(self, mat2, *args, **kwargs):
@@ -92,17 +95,17 @@ def bmm(self, mat2):
     return matmul(self, mat2)
 
 
-@lower(aten.addmm.default, check=_addmm_check)
+@lower(aten.addmm.default, check=_addmm_check, traced=("beta", "alpha"))
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     return _scaled_sum(self, matmul(mat1, mat2, rounded=False), beta, alpha)
 
 
-@lower(aten.baddbmm.default)
+@lower(aten.baddbmm.default, traced=("beta", "alpha"))
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
     return _scaled_sum(self, matmul(batch1, batch2, rounded=False), beta, alpha)
 
 
-@lower(aten.addbmm.default)
+@lower(aten.addbmm.default, traced=("beta", "alpha"))
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
     if _is_low_float(batch1.dtype) and batch1.dtype == batch2.dtype and batch1.shape[0] > 0:
         # CPU adds the batches one addmm at a time, rounding to the half float after each.
@@ -129,7 +132,7 @@ def mv(self, vec):
     return matmul(self, vec)
 
 
-@lower(aten.addmv.default)
+@lower(aten.addmv.default, traced=("beta", "alpha"))
 def addmv(self, mat, vec, *, beta=1, alpha=1):
     return _scaled_sum(self, matmul(mat, vec, rounded=False), beta, alpha)
 

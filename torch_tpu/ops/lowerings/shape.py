@@ -114,7 +114,7 @@ def _pairs(pad, ndim: int) -> list[tuple[int, int]]:
     return pairs
 
 
-@lower(aten.constant_pad_nd.default)
+@lower(aten.constant_pad_nd.default, traced=("value",))
 def constant_pad_nd(x, pad, value=0):
     fill = jnp.asarray(value).astype(x.dtype)
     return lax.pad(x, fill, [(lo, hi, 0) for lo, hi in _pairs(pad, x.ndim)])
