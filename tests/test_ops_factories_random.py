@@ -334,6 +334,23 @@ def test_normal(dtype, no_fallbacks):
     assert abs(mean - 3) < 0.05 and abs(std - 0.5) < 0.05
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_rand_randn(dtype, no_fallbacks):
+    """As on CPU: rand draws real and imag parts in [0, 1); randn's variance 1 splits over them."""
+    u, n = torch.rand(N, 2, device="tpu", dtype=dtype), torch.randn(N, 2, device="tpu", dtype=dtype)
+    for x, cpu in ((u, torch.rand(3, 2, dtype=dtype)), (n, torch.randn(3, 2, dtype=dtype))):
+        assert x.dtype == cpu.dtype == dtype and x.shape == (N, 2)
+    c = torch.view_as_real(u.cpu())
+    assert c.min() >= 0 and c.max() < 1
+    for part in (u.real, u.imag):
+        mean, std = _moments(part)
+        assert abs(mean - 0.5) < 0.02 and abs(std - 1 / math.sqrt(12)) < 0.02
+    for part in (n.real, n.imag):
+        mean, std = _moments(part)
+        assert abs(mean) < 0.05 and abs(std - math.sqrt(0.5)) < 0.05
+    assert not torch.equal(n.real.cpu(), n.imag.cpu())
+
+
 def test_normal_tensor_overloads(no_fallbacks):
     m = torch.full((N,), 4.0, device="tpu")
     s = torch.full((N,), 0.25, device="tpu")

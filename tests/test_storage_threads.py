@@ -135,3 +135,21 @@ def test_unwritten_storage_first_writes():
         base = torch.empty(THREADS, 3, device="tpu")
         _in_threads(lambda k, base=base: base[k].fill_(k + 1.0))
         assert torch.equal(base.cpu(), torch.arange(1.0, THREADS + 1).repeat_interleave(3).reshape(THREADS, 3))
+
+
+def test_storage_slice_and_parent_rows():
+    """One thread adds through a tensor on a storage slice, another through the parent tensor:
+    both swap the one parent buffer, so they share a lock (no lost writes, CPU's result)."""
+
+    def run(device):
+        base = torch.zeros(2, 4, device=device)
+        on_slice = torch.tensor((), device=device).set_(base.untyped_storage()[16:32], 0, (4,), (1,))
+        targets = (base[0], on_slice)  # row 0 via the parent, row 1 via the slice
+        _in_threads(lambda k: [targets[k].add_(k + 1.0) for _ in range(STEPS)], count=2)
+        return base.cpu()
+
+    expected = run("cpu")
+    assert torch.equal(expected, torch.tensor([[1.0] * 4, [2.0] * 4]) * STEPS)
+    for i in range(30):
+        got = run("tpu")
+        assert torch.equal(got, expected), f"round {i}: {got.tolist()}"

@@ -39,6 +39,16 @@ def _out_on_device(schema, args: tuple, kwargs: dict, device: torch.device) -> N
             )
 
 
+def _numbers_as_tensors(schema, args: tuple) -> tuple:
+    """A Python number where the schema takes a Tensor (a wrapped scalar, e.g. n_scalar_out's `n`
+    re-dispatched to .out) as a 0-dim CPU tensor: a same-kind 0-dim tensor promotes as a number does."""
+    fixed = list(args)
+    for i, (a, v) in enumerate(zip(schema.arguments, args)):
+        if isinstance(v, (bool, int, float, complex)) and isinstance(a.type, torch.TensorType):
+            fixed[i] = torch.tensor(v)
+    return tuple(fixed)
+
+
 def _device_of(args, kwargs) -> torch.device:
     found = []
 
@@ -70,7 +80,7 @@ def cpu_fallback(op, args, kwargs):
             )
     device = _device_of(args, kwargs)
     _out_on_device(schema, args, kwargs, device)
-    cpu_args, cpu_kwargs = tree_map(_to_cpu, (args, kwargs))
+    cpu_args, cpu_kwargs = tree_map(_to_cpu, (_numbers_as_tensors(schema, args), kwargs))
     if "device" in cpu_kwargs and isinstance(cpu_kwargs["device"], torch.device):
         if cpu_kwargs["device"].type == "tpu":
             cpu_kwargs["device"] = torch.device("cpu")

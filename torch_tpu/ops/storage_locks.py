@@ -6,8 +6,9 @@ row of one tensor) would lose one thread's write, so the read-run-swap holds the
 jax dispatch is async: the lock covers the dispatch, not the device work.
 
 The locks are re-entrant (a kernel may re-enter the dispatcher) and keyed by the storage's
-data pointer; several storages are locked in address order, so two threads never wait on each
-other in a cycle. Locks no thread holds are pruned as the table grows.
+buffer (its data pointer less its offset into the buffer: a storage slice shares its parent's
+lock, as the dispatcher's alias grouping keys them); several storages are locked in address
+order, so two threads never wait on each other in a cycle. Locks no thread holds are pruned as the table grows.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-_locks: dict[int, threading.RLock] = {}  # data pointer -> its lock
+from torch_tpu import _C
+
+_locks: dict[int, threading.RLock] = {}  # buffer's base address -> its lock
 _making = threading.Lock()  # held while adding or pruning entries
 _prune_at = 4096
 
@@ -57,7 +60,7 @@ def _keys(tensors: Iterable) -> list[int]:
         if t is not None:
             ptr = t.untyped_storage().data_ptr()
             if ptr:  # an empty storage has nothing to lose
-                keys.append(ptr)
+                keys.append(ptr - _C._buffer_offset(t))  # a storage slice: its parent buffer's key
     return sorted(set(keys)) if len(keys) > 1 else keys
 
 
