@@ -120,7 +120,6 @@ def test_argmax_65_dims_matches_cpu():
     assert torch.equal(torch.argmax(deep.to(TPU)).cpu(), torch.argmax(deep))
 
 
-@xfail("chebyshev/hermite/laguerre/legendre polynomials with a Python-number n fail in the CPU fallback")
 def test_special_polynomial_with_number_n():
     x = torch.tensor([0.5, -0.25])
     got = torch.special.chebyshev_polynomial_t(x.to(TPU), 3)
