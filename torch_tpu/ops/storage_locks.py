@@ -60,7 +60,8 @@ def _keys(tensors: Iterable) -> list[int]:
         if t is not None:
             ptr = t.untyped_storage().data_ptr()
             if ptr:  # an empty storage has nothing to lose
-                keys.append(ptr - _C._buffer_offset(t))  # a storage slice: its parent buffer's key
+                # a tpu storage slice takes its parent buffer's key; a graph may also mutate CPU inputs
+                keys.append(ptr if t.is_cpu else ptr - _C._buffer_offset(t))
     return sorted(set(keys)) if len(keys) > 1 else keys
 
 
