@@ -208,14 +208,9 @@ def _adaptive_avg_pool(nd, self, output_size):
     return x
 
 
-@lower(aten._adaptive_avg_pool2d.default)
-def adaptive_avg_pool2d(self, output_size):
-    return _adaptive_avg_pool(2, self, output_size)
-
-
-@lower(aten._adaptive_avg_pool3d.default)
-def adaptive_avg_pool3d(self, output_size):
-    return _adaptive_avg_pool(3, self, output_size)
+@lower(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool(self, output_size):
+    return _adaptive_avg_pool(len(output_size), self, output_size)  # the schema's SymInt[2] or SymInt[3]
 
 
 @lower(aten._adaptive_avg_pool2d_backward.default)
@@ -255,14 +250,9 @@ def _adaptive_max_pool(nd, self, output_size):
     return _max_select(g, np.ones(flat.shape, bool), flat, lead)
 
 
-@lower(aten.adaptive_max_pool2d.default)
-def adaptive_max_pool2d(self, output_size):
-    return _adaptive_max_pool(2, self, output_size)
-
-
-@lower(aten.adaptive_max_pool3d.default)
-def adaptive_max_pool3d(self, output_size):
-    return _adaptive_max_pool(3, self, output_size)
+@lower(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(self, output_size):
+    return _adaptive_max_pool(len(output_size), self, output_size)  # the schema's SymInt[2] or SymInt[3]
 
 
 @lower(aten.adaptive_max_pool2d_backward.default)
