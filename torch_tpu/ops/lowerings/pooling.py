@@ -169,23 +169,11 @@ def _linear_backward(f, grad_output, self):
     return vjp(to_opmath(grad_output))[0]
 
 
-@lower(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(
-    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
-):
+@lower(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
+def avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    nd = len(kernel_size)  # the schema's int[2] or int[3]
     return _linear_backward(
-        lambda x: _avg_pool(2, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
-        grad_output,
-        self,
-    )
-
-
-@lower(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(
-    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
-):
-    return _linear_backward(
-        lambda x: _avg_pool(3, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        lambda x: _avg_pool(nd, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
         grad_output,
         self,
     )
