@@ -123,24 +123,10 @@ def fused_sgd_(
     _write_lists(lists, values)
 
 
-def _fused_adam(
-    decoupled,
-    self,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale,
-    found_inf,
-):
+@functools.partial(executable_cache.jit, static_argnums=(0, 1))
+def _fused_adam_step(decoupled, static, lists, lr, grad_scale, found_inf):
+    self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps = lists
+    beta1, beta2, weight_decay, eps, amsgrad, maximize = static
     lr = lr.reshape(()).astype(jnp.float32)
     params, new_grads, avgs, sqs, maxes = [], [], [], [], []
     for i, (p, g, m, v, step) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs, state_steps)):
@@ -178,11 +164,6 @@ def _fused_adam(
     )
 
 
-@functools.partial(executable_cache.jit, static_argnums=(0, 1))
-def _fused_adam_step(decoupled, static, lists, lr, grad_scale, found_inf):
-    return _fused_adam(decoupled, *lists, lr, *static, grad_scale, found_inf)
-
-
 def _run_fused_adam(
     decoupled, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, static, grad_scale, found_inf
 ):
@@ -194,69 +175,43 @@ def _run_fused_adam(
     _write_lists(lists, values)
 
 
-@lower(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr, eager=True)
-def fused_adamw_(
-    self,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    *,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    _run_fused_adam(
-        True,
+def _fused_adam_kernel(decoupled: bool):
+    """The eager kernel of _fused_adam_ (decoupled=False) or _fused_adamw_ (decoupled weight decay)."""
+
+    def fused_adam_(
         self,
         grads,
         exp_avgs,
         exp_avg_sqs,
         max_exp_avg_sqs,
         state_steps,
+        *,
         lr,
-        (beta1, beta2, weight_decay, eps, amsgrad, maximize),
-        grad_scale,
-        found_inf,
-    )
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+        amsgrad,
+        maximize,
+        grad_scale=None,
+        found_inf=None,
+    ):
+        _run_fused_adam(
+            decoupled,
+            self,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            max_exp_avg_sqs,
+            state_steps,
+            lr,
+            (beta1, beta2, weight_decay, eps, amsgrad, maximize),
+            grad_scale,
+            found_inf,
+        )
+
+    return fused_adam_
 
 
-@lower(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, eager=True)
-def fused_adam_(
-    self,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    *,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    _run_fused_adam(
-        False,
-        self,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        max_exp_avg_sqs,
-        state_steps,
-        lr,
-        (beta1, beta2, weight_decay, eps, amsgrad, maximize),
-        grad_scale,
-        found_inf,
-    )
+fused_adamw_ = lower(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr, eager=True)(_fused_adam_kernel(True))
+fused_adam_ = lower(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, eager=True)(_fused_adam_kernel(False))

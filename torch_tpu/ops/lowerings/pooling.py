@@ -169,23 +169,11 @@ def _linear_backward(f, grad_output, self):
     return vjp(to_opmath(grad_output))[0]
 
 
-@lower(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(
-    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
-):
+@lower(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
+def avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    nd = len(kernel_size)  # the schema's int[2] or int[3]
     return _linear_backward(
-        lambda x: _avg_pool(2, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
-        grad_output,
-        self,
-    )
-
-
-@lower(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(
-    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
-):
-    return _linear_backward(
-        lambda x: _avg_pool(3, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        lambda x: _avg_pool(nd, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
         grad_output,
         self,
     )
@@ -208,14 +196,9 @@ def _adaptive_avg_pool(nd, self, output_size):
     return x
 
 
-@lower(aten._adaptive_avg_pool2d.default)
-def adaptive_avg_pool2d(self, output_size):
-    return _adaptive_avg_pool(2, self, output_size)
-
-
-@lower(aten._adaptive_avg_pool3d.default)
-def adaptive_avg_pool3d(self, output_size):
-    return _adaptive_avg_pool(3, self, output_size)
+@lower(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool(self, output_size):
+    return _adaptive_avg_pool(len(output_size), self, output_size)  # the schema's SymInt[2] or SymInt[3]
 
 
 @lower(aten._adaptive_avg_pool2d_backward.default)
@@ -255,14 +238,9 @@ def _adaptive_max_pool(nd, self, output_size):
     return _max_select(g, np.ones(flat.shape, bool), flat, lead)
 
 
-@lower(aten.adaptive_max_pool2d.default)
-def adaptive_max_pool2d(self, output_size):
-    return _adaptive_max_pool(2, self, output_size)
-
-
-@lower(aten.adaptive_max_pool3d.default)
-def adaptive_max_pool3d(self, output_size):
-    return _adaptive_max_pool(3, self, output_size)
+@lower(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(self, output_size):
+    return _adaptive_max_pool(len(output_size), self, output_size)  # the schema's SymInt[2] or SymInt[3]
 
 
 @lower(aten.adaptive_max_pool2d_backward.default)
