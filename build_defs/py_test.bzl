@@ -63,7 +63,7 @@ def torch_tpu_py_test(name, srcs, data = [], env = {}, shard_count = None, size 
         **kwargs
     )
 
-def torch_tpu_py_tests(srcs = None, data = [], shard_count = {}, env = {}, **kwargs):
+def torch_tpu_py_tests(srcs = None, data = [], shard_count = {}, tags = {}, env = {}, **kwargs):
     """One torch_tpu_py_test per test file, named after the file (tests/test_ops.py -> :test_ops).
 
     Args:
@@ -71,6 +71,8 @@ def torch_tpu_py_tests(srcs = None, data = [], shard_count = {}, env = {}, **kwa
       data: runtime files for every test; this package's other *.py and *.json files
         (conftest.py, helpers) and //tests:support (the conftest.py above) are always added.
       shard_count: {"test_ops.py": 4}: Bazel shards per file (default 1).
+      tags: {"test_x.py": ["exclusive"]}: Bazel tags per file; "exclusive" runs a file alone,
+        for multi-process tests whose timing starves when the 2-core CI runs others beside them.
       env: environment added to TORCH_TPU_TEST_ENV.
       **kwargs: passed to every torch_tpu_py_test (size, timeout, tags, ...).
     """
@@ -93,5 +95,6 @@ def torch_tpu_py_tests(srcs = None, data = [], shard_count = {}, env = {}, **kwa
             data = support + data,
             env = env,
             shard_count = shard_count.get(src),
+            tags = tags.get(src, []),
             **kwargs
         )

@@ -8,6 +8,10 @@ import os
 
 import jax
 
+# jax imports this inside device_put on first use; threads making their first transfers at once
+# then race on a half-initialized module (ImportError). Importing it here, once, avoids that.
+from jax.experimental import multihost_utils  # noqa: F401
+
 _PLATFORMS = ("tpu", "cuda", "cpu")
 _log = logging.getLogger("torch_tpu")
 

@@ -30,6 +30,8 @@ def fetchable(array: jax.Array) -> jax.Array:
     every process reads the same tensor, as SPMD programs do)."""
     if array.is_fully_addressable or array.is_fully_replicated:
         return array
+    if serialize_programs:  # the replicating program must not be in flight beside the one making `array`
+        array.block_until_ready()
     sharding = array.sharding
     if isinstance(sharding, NamedSharding):
         mesh = sharding.mesh
