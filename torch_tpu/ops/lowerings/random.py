@@ -190,8 +190,21 @@ def randperm(n, *, dtype=None, layout=None, device=None, pin_memory=None, rng):
 _BAD_PROBABILITY = "probability tensor contains either `inf`, `nan` or element < 0"
 
 
-def _multinomial_host_check(self, *args, **kwargs):
-    if self.device.type == "tpu" and self.is_floating_point() and self.numel():
+def _multinomial_host_check(self, num_samples, replacement=False, *, generator=None, out=None):
+    # CPU's argument checks, in its order, before the data checks (multinomial_out)
+    if not 0 < self.dim() <= 2:
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not self.is_floating_point():
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {type_name(self.dtype)}")
+    if out is not None and out.dtype != torch.int64:
+        raise RuntimeError(f"multinomial expects Long tensor out, got: {type_name(out.dtype)}")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > self.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if self.shape[-1] > 2**24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+    if self.device.type == "tpu" and self.numel():
         bad, zero = flags((to_jax(self), to_jax(self)), ("not_finite_nonnegative", "zero_row"))
         if bad:
             raise RuntimeError(_BAD_PROBABILITY)
