@@ -68,6 +68,8 @@ def train(
         step_loss = torch.compile(step_loss, backend=compile_backend(device))
     losses: list[float] = []
     bar = tqdm(total=steps, desc=f"{example.name} on {device}", disable=not progress, file=sys.stdout)
+    if progress and device != "cpu":
+        bar.set_postfix_str("compiling…")  # the first step traces and compiles every op: not a hang
     for i, batch in enumerate(example.batches(steps, seed)):
         loss = step_loss(*to_device(batch, device))
         optimizer.zero_grad(set_to_none=True)

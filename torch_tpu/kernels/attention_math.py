@@ -9,12 +9,17 @@ SDPA's top-left causal mask, float32 scores, and the logsumexp the backward reus
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from torch_tpu.kernels import flash
-from torch_tpu.ops import precision
+from torch_tpu.ops import geometry as geo
+from torch_tpu.ops import growing, precision, tensors
+from torch_tpu.runtime import executable_cache
 
 
 def _grouped(x: jax.Array, heads: int) -> jax.Array:
@@ -23,19 +28,21 @@ def _grouped(x: jax.Array, heads: int) -> jax.Array:
     return x if group == 1 else jnp.repeat(x, group, axis=1)
 
 
-def _scores(q: jax.Array, k: jax.Array, causal: bool, sm_scale: float) -> jax.Array:
+def _scores(q: jax.Array, k: jax.Array, causal: bool, sm_scale: float, key_len=None) -> jax.Array:
     k = _grouped(k, q.shape[1])
     s = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32, precision=precision.matmul(q, k))
     s = s * jnp.float32(sm_scale)
+    rows = lax.broadcasted_iota(jnp.int32, s.shape[-2:], 0)
+    cols = lax.broadcasted_iota(jnp.int32, s.shape[-2:], 1)
     if causal:
-        rows = lax.broadcasted_iota(jnp.int32, s.shape[-2:], 0)
-        cols = lax.broadcasted_iota(jnp.int32, s.shape[-2:], 1)
         s = jnp.where(cols <= rows, s, -jnp.inf)
+    if key_len is not None:  # keys padded past a traced length
+        s = jnp.where(cols < key_len, s, -jnp.inf)
     return s
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, sm_scale: float):
-    s = _scores(q, k, causal, sm_scale)
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, sm_scale: float, key_len=None):
+    s = _scores(q, k, causal, sm_scale, key_len)
     lse = jax.nn.logsumexp(s, axis=-1)
     p = jnp.exp(s - lse[..., None])
     v = _grouped(v, q.shape[1])
@@ -55,3 +62,38 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: float):
 
 
 forward_op, backward_op = flash.define_attention_ops("xla_attention", attention_forward, attention_backward)
+
+
+# ---- over a growing key/value (ops/growing.py) ----------------------------------------
+
+
+@functools.partial(executable_cache.jit, static_argnames=("q_geom", "kv_shape", "causal", "sm_scale"))
+def _bucketed_forward(q_buf, k_flat, v_flat, key_len, q_geom, kv_shape, causal, sm_scale):
+    batch, heads, padded, head_dim = kv_shape
+    key_len = key_len.astype(jnp.int32)
+    q = geo.read(q_buf, q_geom)
+    k, v = (growing.dim_padded(f, batch * heads, head_dim, key_len, padded).reshape(kv_shape) for f in (k_flat, v_flat))
+    return _attend(q, k, v, causal, sm_scale, key_len)
+
+
+def bucketed_forward(query, key, value, causal: bool, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fused forward's (out, logsumexp) when key and value are bucketed growing tensors (a
+    KV cache): one executable per key-length bucket, the padded keys masked. None otherwise."""
+    if not growing.active() or query.dim() != 4 or key.shape != value.shape or key.dtype != value.dtype:
+        return None
+    if query.is_conj() or query.is_neg() or query.dtype != key.dtype or query.device != key.device:
+        return None
+    k_buf, v_buf = growing.contiguous_buffer(key), growing.contiguous_buffer(value)
+    if k_buf is None or v_buf is None or k_buf.size == key.numel() or k_buf.size != v_buf.size:
+        return None
+    batch, heads, key_len, head_dim = key.shape
+    padded = k_buf.size // (batch * heads * head_dim)
+    if k_buf.size != batch * heads * padded * head_dim:
+        return None
+    q_buf = tensors.buffer_of(query)
+    q_geom = tensors.tensor_geometry(query, q_buf)
+    kv_shape = (batch, heads, padded, head_dim)
+    growing.counted(("attention", q_geom, key.dtype, kv_shape, causal, sm_scale))
+    out, lse = _bucketed_forward(q_buf, k_buf, v_buf, key_len, q_geom, kv_shape, causal, sm_scale)
+    device = query.device.index
+    return tensors.from_jax(out, device), tensors.from_jax(lse, device)

@@ -89,8 +89,12 @@ def _overrideable_forward(
 ):
     if attn_bias is not None or dropout_p > 0.0:
         raise RuntimeError("torch_tpu's fused SDPA takes neither attn_bias nor dropout")
-    forward = flash.forward_op if _pallas_flash() else attention_math.forward_op
-    out, lse = forward(query, key, value, bool(is_causal), _scale(query, scale))
+    bucketed = attention_math.bucketed_forward(query, key, value, bool(is_causal), _scale(query, scale))
+    if bucketed is not None:  # over a growing KV cache
+        out, lse = bucketed
+    else:
+        forward = flash.forward_op if _pallas_flash() else attention_math.forward_op
+        out, lse = forward(query, key, value, bool(is_causal), _scale(query, scale))
     empty = torch.empty(0, dtype=torch.int32, device=query.device)
     seed = torch.empty((), dtype=torch.int64, device=query.device)
     return out, lse, empty, empty, query.shape[2], key.shape[2], seed, seed, empty

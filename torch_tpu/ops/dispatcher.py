@@ -13,7 +13,7 @@ import inspect
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -25,7 +25,7 @@ from torch._ops import OpOverload
 from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import precision, spmd, storage_locks, tensors, view_gathers
+from torch_tpu.ops import growing, precision, spmd, storage_locks, tensors, view_gathers
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering
@@ -55,7 +55,7 @@ class WrappedNumber:
         self.value = value
 
 
-def _wrap_numbers(bound: list, positions: tuple[int, ...]) -> None:
+def _wrap_numbers(bound: list, positions: Iterable[int]) -> None:
     for i in positions:
         v = bound[i]
         if isinstance(v, (bool, float)) or (isinstance(v, int) and -(2**63) <= v < 2**63):
@@ -65,13 +65,17 @@ def _wrap_numbers(bound: list, positions: tuple[int, ...]) -> None:
 def _wrap_scalars(bound: list, traced: tuple[tuple[int, object], ...]) -> None:
     """Traced Scalar arguments (`Lowering.traced`) go in as wrapped numbers: the key holds their
     type, not their value. A value equal to the schema default stays static (`alpha=1` keeps its
-    multiply-free executable), so an op compiles at most twice over all values."""
+    multiply-free executable), so an op compiles at most twice over all values. A Scalar[] list
+    (`_foreach_add.ScalarList`) has each of its numbers traced."""
     for i, default in traced:
         v = bound[i]
         if type(v) is type(default) and v == default:
             continue
-        if isinstance(v, (bool, float)) or (isinstance(v, int) and -(2**63) <= v < 2**63):
-            bound[i] = WrappedNumber(v)
+        if isinstance(v, (list, tuple)):
+            v = bound[i] = list(v)
+            _wrap_numbers(v, range(len(v)))
+        else:
+            _wrap_numbers(bound, (i,))
 
 
 class _ScalarSlot:
@@ -410,8 +414,28 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
         fn = lowering.fn if check is None else _checked(lowering.fn, check)
         return _storage_locked(plan, fn) if plan.mutable else fn
     name = f"{op} {lowering.fn.__module__}.{lowering.fn.__qualname__}"  # the persistent key's op part
+    bucketed = None if derived else lowering.growing
+    # Pointwise ops run over a bucketed tensor's whole padded buffer (ops/growing.py): not those
+    # with host checks, which would see the padding, nor out= forms.
+    inplace = plan.mutable == [0] and plan.returns == [("arg", 0)]
+    pointwise = (
+        growing.is_pointwise(op)
+        and check is None
+        and not lowering.random
+        and not plan.out_names
+        and (inplace or (not plan.mutable and plan.returns == [("fresh", 0)]))
+    )
 
     def kernel(*args, **kwargs):
+        if bucketed is not None:
+            result = bucketed(*args, **kwargs)
+            if result is not None:
+                return result
+        if pointwise and growing.is_bucketed_call(args, kwargs):
+            with storage_locks.held(args[:1] if inplace else ()):  # read, run and swap: atomic
+                flat = growing.flatten_pointwise(args, kwargs, inplace)
+                if flat is not None:
+                    return growing.unflatten_result(kernel(*flat.args, **flat.kwargs), flat)
         if check is not None:
             args, kwargs = _apply_check(check, args, kwargs)
         bound = plan.bind(args, kwargs)

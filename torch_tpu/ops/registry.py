@@ -62,6 +62,10 @@ class Lowering:
     # instead of keying the executable on their value: one compile for every value. The lowering
     # must then not branch on them in Python (a schema-default value still comes as a Python number).
     traced: tuple[str, ...] = ()
+    # Tried first by the eager kernel, on the op's own arguments: runs a growing-length call (an
+    # append to a KV cache) with one executable per length bucket and returns its result, or
+    # None for the exact-shape path (ops/growing.py). Not used by derived variants or graphs.
+    growing: Callable | None = None
 
     @property
     def graph_fn(self) -> Callable | None:
@@ -84,6 +88,7 @@ def lower(
     dispatch_key: str = PRIVATEUSE1,
     layout: Callable | None = None,
     traced: tuple[str, ...] = (),
+    growing: Callable | None = None,
 ) -> Callable:
     """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
     `check` is a host check (a callable) or a `Check` with a host and a graph form."""
@@ -94,6 +99,8 @@ def lower(
         raise ValueError(f"a {dispatch_key} kernel runs in Python: eager=True")
     if traced and eager:
         raise ValueError("traced= names Scalar arguments of a jit lowering")
+    if growing is not None and eager:
+        raise ValueError("growing= is a bucketed path in front of a jit lowering")
     properties = dict(
         eager=eager,
         random=random,
@@ -104,6 +111,7 @@ def lower(
         dispatch_key=dispatch_key,
         layout=layout,
         traced=tuple(traced),
+        growing=growing,
     )
 
     def register(fn: Callable) -> Callable:
