@@ -16,6 +16,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops import growing
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
@@ -28,7 +29,7 @@ def _promoted(arrays) -> jnp.dtype:
     return jnp.dtype(to_numpy_dtype(dtype))
 
 
-@lower(aten.cat.default)
+@lower(aten.cat.default, growing=growing.cat)
 def cat(tensors, dim=0):
     dtype = _promoted(tensors)
     # Legacy rule: 1-d empty tensors are skipped whatever the other shapes.
@@ -120,7 +121,18 @@ def constant_pad_nd(x, pad, value=0):
     return lax.pad(x, fill, [(lo, hi, 0) for lo, hi in _pairs(pad, x.ndim)])
 
 
+def _replicate(x, pairs):
+    """Edge padding that also crops (a negative pad), as CPU's: output j reads clamp(j - before)."""
+    for axis, (lo, hi) in enumerate(pairs):
+        if lo or hi:
+            n = x.shape[axis]
+            x = jnp.take(x, jnp.clip(jnp.arange(n + lo + hi) - lo, 0, n - 1), axis=axis)
+    return x
+
+
 def _pad_fn(mode: str, padding):
+    if mode == "edge":
+        return lambda x: _replicate(x, _pairs(padding, x.ndim))
     return lambda x: jnp.pad(x, _pairs(padding, x.ndim), mode=mode)
 
 
@@ -190,6 +202,15 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
 @lower(aten.as_strided_scatter.default)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     """Writes `src` through as_strided(size, stride, offset) of a contiguous copy of `x`."""
+    offset = storage_offset or 0
+    needed = offset + 1 + sum((n - 1) * st for n, st in zip(size, stride)) if all(size) else 0
+    if needed > x.size:
+        itemsize = jnp.dtype(x.dtype).itemsize
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+            f"{itemsize} requiring a storage size of {needed * itemsize} are out of bounds for storage of size "
+            f"{x.size * itemsize}"
+        )
     flat = x.reshape(-1)
     index = jnp.full(tuple(size), storage_offset or 0, jnp.int64)
     for d, (_n, st) in enumerate(zip(size, stride)):
