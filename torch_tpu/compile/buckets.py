@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 
@@ -56,7 +55,7 @@ from torch_tpu.ops import precision, tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
 
 aten = torch.ops.aten
-_warned: set[str] = set()
+_logged: set[str] = set()  # refusals already logged
 
 # ---- buckets --------------------------------------------------------------------------
 
@@ -499,8 +498,8 @@ class Buckets:
         return self._run(plan, args, exact, padded)
 
     def _refuse(self, why: str) -> None:
-        if why not in _warned:
-            _warned.add(why)
+        if why not in _logged:
+            _logged.add(why)
             debug.log("buckets", f"{self.runner.name}: exact sizes: {why}")
         return None
 
@@ -512,13 +511,12 @@ class Buckets:
         except _Refused as why:
             metrics.bump("bucket_exact_graphs")
             text = str(why)
-            if text not in _warned:
-                _warned.add(text)
-                warnings.warn(
-                    f"torch_tpu: {text} cannot be padded safely; graph {self.runner.name} compiles at exact "
-                    "sizes for this bucket (counted in torch_tpu.metrics.counters()['bucket_exact_graphs'])",
-                    stacklevel=3,
-                )
+            debug.warn_once(
+                f"unpaddable {text}",
+                f"torch_tpu: {text} cannot be padded safely; graph {self.runner.name} compiles at exact "
+                "sizes for this bucket (counted in torch_tpu.metrics.counters()['bucket_exact_graphs'])",
+                stacklevel=3,
+            )
             return None
         return _Plan(rules, shapes)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import operator
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +47,6 @@ from torch_tpu.ops.rng import key_data, key_from_data
 from torch_tpu.runtime import client, executable_cache
 from torch_tpu.runtime.global_arrays import before_program, host_value
 
-_warned: set[str] = set()
 _plans: dict[OpOverload, schema.OpPlan] = {}
 
 
@@ -589,9 +587,9 @@ class GraphRunner:
 
     def _note_eager(self, node: Node) -> None:
         name = str(node.target)
-        if name not in _warned and node.target is not operator.getitem:
-            _warned.add(name)
-            warnings.warn(
+        if node.target is not operator.getitem:
+            debug.warn_once(
+                f"graph split {name}",
                 f"torch_tpu: {name} in a compiled graph has no jax lowering; the graph is split and it runs "
                 "eagerly (counted in torch_tpu.metrics.counters()['graph_eager_ops'])",
                 stacklevel=2,

@@ -3,14 +3,10 @@ warned about once per op."""
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from torch_tpu import debug, metrics
-
-_warned: set[str] = set()
 
 
 def _to_cpu(x):
@@ -64,13 +60,12 @@ def _device_of(args, kwargs) -> torch.device:
 def cpu_fallback(op, args, kwargs):
     name = str(op)
     metrics.record_fallback(name)
-    if name not in _warned:
-        _warned.add(name)
-        warnings.warn(
-            f"torch_tpu: {name} has no tpu lowering yet; it runs on the CPU (counted in "
-            "torch_tpu.metrics.counters()['cpu_fallbacks'])",
-            stacklevel=3,
-        )
+    debug.warn_once(
+        name,
+        f"torch_tpu: {name} has no tpu lowering yet; it runs on the CPU (counted in "
+        "torch_tpu.metrics.counters()['cpu_fallbacks'])",
+        stacklevel=3,
+    )
     debug.log("fallback", f"{name} runs on the CPU")
     schema = op._schema
     for r in schema.returns:
