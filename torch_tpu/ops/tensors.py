@@ -14,7 +14,7 @@ import torch
 from torch_tpu import _C, metrics
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import spmd, storage_locks
-from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, to_numpy_dtype
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, to_numpy_dtype
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.runtime import client, executable_cache
 
@@ -31,7 +31,7 @@ def buffer_of(t: torch.Tensor) -> jax.Array:
             buf = _C._get_buffer(t)
             if buf is None:
                 n = _C._buffer_nbytes(t) // t.element_size()  # a storage slice's parent's whole buffer
-                buf = _zeros(n, TORCH_TO_NUMPY[t.dtype], t.device.index)
+                buf = _zeros(n, to_numpy_dtype(t.dtype), t.device.index)
                 _C._set_buffer(t, buf, t.dtype, n)
     return buf
 
@@ -50,9 +50,7 @@ def _zeros(n: int, dtype: np.dtype, device: int) -> jax.Array:
 
 
 def tensor_geometry(t: torch.Tensor, buf: jax.Array):
-    dtype = TORCH_TO_NUMPY.get(t.dtype)
-    if dtype is None:
-        raise TypeError(f"tpu tensors do not support dtype {t.dtype}")
+    dtype = to_numpy_dtype(t.dtype)
     return geo.Geometry(tuple(t.shape), tuple(t.stride()), _offset(t), dtype, buf.dtype, buf.size)
 
 

@@ -36,36 +36,18 @@ def _to_format(t, memory_format):
     return t.to(memory_format=memory_format)
 
 
+_GEOMETRY = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
+
+
 def _conv_layout(args, out):
-    input, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args
-    fmt = _cpu_memory_format(
-        input,
-        weight,
-        stride=stride,
-        padding=padding,
-        dilation=dilation,
-        transposed=transposed,
-        output_padding=output_padding,
-        groups=groups,
-        bias=bias,
-    )
-    return _to_format(out, fmt)
+    input, weight, bias, *geometry = args
+    return _to_format(out, _cpu_memory_format(input, weight, bias=bias, **dict(zip(_GEOMETRY, geometry))))
 
 
 def _conv_backward_layout(args, out):
-    _, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, _ = args
-    fmt = _cpu_memory_format(
-        input,
-        weight,
-        stride=stride,
-        padding=padding,
-        dilation=dilation,
-        transposed=transposed,
-        output_padding=output_padding,
-        groups=groups,
-        bias=None,
-        bias_sizes=bias_sizes,
-    )
+    _, input, weight, bias_sizes, *geometry, _ = args
+    conv_args = dict(zip(_GEOMETRY, geometry), bias=None, bias_sizes=bias_sizes)
+    fmt = _cpu_memory_format(input, weight, **conv_args)
     return _to_format(out[0], fmt), _to_format(out[1], fmt), out[2]
 
 
@@ -76,32 +58,23 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
     out_dtype = input.dtype
     preferred = jnp.float32 if opmath(out_dtype) != out_dtype else None
-    if not transposed:
-        out = lax.conv_general_dilated(
-            input,
-            weight,
-            stride,
-            [(p, p) for p in padding],
-            rhs_dilation=dilation,
-            dimension_numbers=dn,
-            feature_group_count=groups,
-            precision=HIGHEST,
-            preferred_element_type=preferred,
-        )
-        return out.astype(out_dtype)
-    # A transposed conv is the conv with a dilated input and the flipped, in/out-swapped kernel.
-    output_padding = ntuple(output_padding, nd)
-    cin, cout_g, *kernel = weight.shape
-    w = weight.reshape(groups, cin // groups, cout_g, *kernel)
-    w = jnp.swapaxes(w, 1, 2).reshape(groups * cout_g, cin // groups, *kernel)
-    w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
-    pads = [(d * (k - 1) - p, d * (k - 1) - p + op) for k, p, d, op in zip(kernel, padding, dilation, output_padding)]
+    if transposed:
+        # The conv with a dilated input and the flipped, in/out-swapped kernel.
+        output_padding = ntuple(output_padding, nd)
+        cin, cout_g, *kernel = weight.shape
+        w = weight.reshape(groups, cin // groups, cout_g, *kernel)
+        w = jnp.swapaxes(w, 1, 2).reshape(groups * cout_g, cin // groups, *kernel)
+        weight = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+        pads = [(d * (k - 1) - p, d * (k - 1) - p + o) for k, p, d, o in zip(kernel, padding, dilation, output_padding)]
+        stride, input_dilation = (1,) * nd, stride
+    else:
+        pads, input_dilation = [(p, p) for p in padding], None
     out = lax.conv_general_dilated(
         input,
-        w,
-        (1,) * nd,
+        weight,
+        stride,
         pads,
-        lhs_dilation=stride,
+        lhs_dilation=input_dilation,
         rhs_dilation=dilation,
         dimension_numbers=dn,
         feature_group_count=groups,

@@ -24,42 +24,6 @@ def _skip_if_inf(found_inf, new, old):
     return [jnp.where(skip, o, n) for n, o in zip(new, old)]
 
 
-def _fused_sgd(
-    self,
-    grads,
-    momentum_buffer_list,
-    weight_decay,
-    momentum,
-    lr,
-    dampening,
-    nesterov,
-    maximize,
-    is_first_step,
-    grad_scale,
-    found_inf,
-):
-    params, new_grads, bufs = [], [], []
-    for i, (p, g) in enumerate(zip(self, grads)):
-        p32, g32 = to_opmath(p), to_opmath(g)
-        if grad_scale is not None:
-            g32 = g32 / grad_scale.reshape(())
-        new_grads.append(g32)
-        if maximize:
-            g32 = -g32
-        if weight_decay != 0:
-            g32 = g32 + weight_decay * p32
-        if momentum != 0:
-            buf = g32 if is_first_step else momentum * to_opmath(momentum_buffer_list[i]) + (1 - dampening) * g32
-            bufs.append(buf)
-            g32 = g32 + momentum * buf if nesterov else buf
-        params.append(p32 - lr * g32)
-    return (
-        _skip_if_inf(found_inf, params, self),
-        _skip_if_inf(found_inf, new_grads, grads) if grad_scale is not None else list(grads),
-        _skip_if_inf(found_inf, bufs, momentum_buffer_list),
-    )
-
-
 # The fused steps run eagerly with their own jitted function: PyTorch has no meta
 # kernel for _fused_sgd_ or the tensor_lr overloads, and a traced lr lets a
 # scheduler change it without recompiling.
@@ -82,18 +46,28 @@ def _write_lists(lists, values):
 
 @functools.partial(executable_cache.jit, static_argnums=0)
 def _fused_sgd_step(static, lists, lr, grad_scale, found_inf):
+    self, grads, momentum_buffer_list = lists
     weight_decay, momentum, dampening, nesterov, maximize, is_first_step = static
-    return _fused_sgd(
-        *lists,
-        weight_decay,
-        momentum,
-        lr.reshape(()),
-        dampening,
-        nesterov,
-        maximize,
-        is_first_step,
-        grad_scale,
-        found_inf,
+    lr = lr.reshape(())
+    params, new_grads, bufs = [], [], []
+    for i, (p, g) in enumerate(zip(self, grads)):
+        p32, g32 = to_opmath(p), to_opmath(g)
+        if grad_scale is not None:
+            g32 = g32 / grad_scale.reshape(())
+        new_grads.append(g32)
+        if maximize:
+            g32 = -g32
+        if weight_decay != 0:
+            g32 = g32 + weight_decay * p32
+        if momentum != 0:
+            buf = g32 if is_first_step else momentum * to_opmath(momentum_buffer_list[i]) + (1 - dampening) * g32
+            bufs.append(buf)
+            g32 = g32 + momentum * buf if nesterov else buf
+        params.append(p32 - lr * g32)
+    return (
+        _skip_if_inf(found_inf, params, self),
+        _skip_if_inf(found_inf, new_grads, grads) if grad_scale is not None else list(grads),
+        _skip_if_inf(found_inf, bufs, momentum_buffer_list),
     )
 
 
