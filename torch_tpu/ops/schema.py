@@ -38,9 +38,11 @@ class OpPlan:
         self.tensor_args = tuple(
             i for i, a in enumerate(schema.arguments) if str(a.type) in ("Tensor", "Optional[Tensor]")
         )
-        # ATen `Scalar` / `Scalar?` arguments: name -> index.
+        # ATen `Scalar` / `Scalar?` / `Scalar[]` arguments: name -> index.
         self.scalar_args = {
-            a.name: i for i, a in enumerate(schema.arguments) if str(a.type) in ("number", "Optional[number]")
+            a.name: i
+            for i, a in enumerate(schema.arguments)
+            if str(a.type) in ("number", "Optional[number]", "List[number]")
         }
         self._defaults = [(a.name, schema_default(a) if a.has_default_value() else None) for a in schema.arguments]
         self.generator_index = next((i for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)), None)

@@ -17,6 +17,7 @@ from jax import lax
 from torch_tpu import metrics
 from torch_tpu.ops.checks import Failure
 from torch_tpu.ops.dtypes import opmath, to_torch_dtype, type_name
+from torch_tpu.ops.lowerings.common import divide
 from torch_tpu.ops.promotion import (
     BOOL_UNSUPPORTED,
     PYTHON_SCALARS,
@@ -101,7 +102,7 @@ def mul_(self, other):
 @lower(aten.div.Tensor, aten.div.Scalar, traced=("other",))
 def div(self, other):
     a, b = to_float(self, other)
-    return a / b
+    return divide(a, b)
 
 
 def _rem(a, b):

@@ -4,21 +4,18 @@ executable."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
-from torch_tpu import metrics
-from torch_tpu.ops import precision, tensors
+from torch_tpu.ops import precision
 from torch_tpu.ops.dtypes import to_opmath
+from torch_tpu.ops.lowerings.common import divide
+from torch_tpu.ops.lowerings.elementwise import lerp as _lerp  # CPU's lerp, exact at both ends
 from torch_tpu.ops.registry import aten, lower
-from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
-from torch_tpu.runtime import executable_cache
 
 
 def _map(fn, *lists):
@@ -56,12 +53,12 @@ def foreach_add_list(self, other, *, alpha=1):
     return _map(lambda x, y: x + (y * alpha if alpha != 1 else y), self, others)
 
 
-@lower(aten._foreach_add.Scalar)
+@lower(aten._foreach_add.Scalar, traced=("scalar",))
 def foreach_add_scalar(self, scalar):
     return _map(lambda x: x + scalar, self)
 
 
-@lower(aten._foreach_add.ScalarList)
+@lower(aten._foreach_add.ScalarList, traced=("scalars",))
 def foreach_add_scalar_list(self, scalars):
     return _map(lambda x, s: x + s, self, scalars)
 
@@ -71,12 +68,12 @@ def foreach_sub_list(self, other, *, alpha=1):
     return _map(lambda x, y: x - (y * alpha if alpha != 1 else y), self, other)
 
 
-@lower(aten._foreach_sub.Scalar)
+@lower(aten._foreach_sub.Scalar, traced=("scalar",))
 def foreach_sub_scalar(self, scalar):
     return _map(lambda x: x - scalar, self)
 
 
-@lower(aten._foreach_sub.ScalarList)
+@lower(aten._foreach_sub.ScalarList, traced=("scalars",))
 def foreach_sub_scalar_list(self, scalars):
     return _map(lambda x, s: x - s, self, scalars)
 
@@ -90,21 +87,21 @@ def foreach_mul_list(self, other):
     return _map(lambda x, y: x * y, self, _broadcast_other(self, other))
 
 
-@lower(aten._foreach_mul.Scalar)
+@lower(aten._foreach_mul.Scalar, traced=("scalar",))
 def foreach_mul_scalar(self, scalar):
-    return _map(lambda x: x * scalar, self)
+    return _map(lambda x: to_opmath(x) * scalar, self)  # CPU multiplies half floats in float32
 
 
-@lower(aten._foreach_mul.ScalarList)
+@lower(aten._foreach_mul.ScalarList, traced=("scalars",))
 def foreach_mul_scalar_list(self, scalars):
-    return _map(lambda x, s: x * s, self, scalars)
+    return _map(lambda x, s: to_opmath(x) * s, self, scalars)
 
 
 def _div(x, y):
     # torch's true division: integers divide as floats.
     if not jnp.issubdtype(jnp.result_type(x, y), jnp.inexact):
         x = x.astype(jnp.float32)
-    return x / y
+    return divide(to_opmath(x), y)
 
 
 @lower(aten._foreach_div.List, aten._foreach_div.Tensor)
@@ -112,12 +109,12 @@ def foreach_div_list(self, other):
     return _map(_div, self, _broadcast_other(self, other))
 
 
-@lower(aten._foreach_div.Scalar)
+@lower(aten._foreach_div.Scalar, traced=("scalar",))
 def foreach_div_scalar(self, scalar):
     return _map(lambda x: _div(x, scalar), self)
 
 
-@lower(aten._foreach_div.ScalarList)
+@lower(aten._foreach_div.ScalarList, traced=("scalars",))
 def foreach_div_scalar_list(self, scalars):
     return _map(_div, self, scalars)
 
@@ -142,41 +139,38 @@ def foreach_pow_scalar_and_tensor(self, exponent):
     return _map(lambda e: jnp.power(self, e), exponent)
 
 
-# clamp_min/clamp_max and maximum/minimum agree elementwise (NaN propagates in both).
-@lower(
-    aten._foreach_clamp_min.List,
-    aten._foreach_clamp_min.ScalarList,
-    aten._foreach_maximum.List,
-    aten._foreach_maximum.ScalarList,
-)
-def foreach_maximum_list(self, other):
-    return _map(jnp.maximum, self, other)
+def _register_extremum(name: str, clamp: str, fn) -> None:
+    """_foreach_{maximum,minimum} and _foreach_{clamp_min,clamp_max}: they agree elementwise (NaN
+    propagates in both)."""
+    packets = (getattr(aten, f"_foreach_{name}"), getattr(aten, f"_foreach_{clamp}"))
+
+    @lower(*(p.List for p in packets), *(p.ScalarList for p in packets), traced=("scalars",))
+    def foreach_list(self, other):
+        return _map(fn, self, other)
+
+    @lower(*(p.Scalar for p in packets), traced=("scalar",))
+    def foreach_scalar(self, scalar):
+        return _map(lambda x: fn(x, scalar), self)
+
+    for f, kind in ((foreach_list, "list"), (foreach_scalar, "scalar")):
+        f.__name__ = f.__qualname__ = f"foreach_{name}_{kind}"
 
 
-@lower(aten._foreach_clamp_min.Scalar, aten._foreach_maximum.Scalar)
-def foreach_maximum_scalar(self, scalar):
-    return _map(lambda x: jnp.maximum(x, scalar), self)
-
-
-@lower(
-    aten._foreach_clamp_max.List,
-    aten._foreach_clamp_max.ScalarList,
-    aten._foreach_minimum.List,
-    aten._foreach_minimum.ScalarList,
-)
-def foreach_minimum_list(self, other):
-    return _map(jnp.minimum, self, other)
-
-
-@lower(aten._foreach_clamp_max.Scalar, aten._foreach_minimum.Scalar)
-def foreach_minimum_scalar(self, scalar):
-    return _map(lambda x: jnp.minimum(x, scalar), self)
+_register_extremum("maximum", "clamp_min", jnp.maximum)
+_register_extremum("minimum", "clamp_max", jnp.minimum)
 
 
 # ---- ternary ----------------------------------------------------------------
 
 
+def _rounded(scalar, x):
+    """`scalar` (a Python number or a traced one) rounded to x's dtype."""
+    return jnp.asarray(scalar).astype(x.dtype)
+
+
 def _addcmul(x, t1, t2, value):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):  # CPU truncates the value to the integer dtype
+        value = _rounded(value, x)
     return to_opmath(x) + value * to_opmath(t1) * to_opmath(t2)
 
 
@@ -184,146 +178,113 @@ def _addcdiv(x, t1, t2, value):
     return to_opmath(x) + value * to_opmath(t1) / to_opmath(t2)
 
 
-@lower(aten._foreach_addcmul.Scalar)
+@lower(aten._foreach_addcmul.Scalar, traced=("value",))
 def foreach_addcmul_scalar(self, tensor1, tensor2, value=1):
     return _map(lambda x, a, b: _addcmul(x, a, b, value), self, tensor1, tensor2)
 
 
-@lower(aten._foreach_addcmul.ScalarList)
+@lower(aten._foreach_addcmul.ScalarList, traced=("scalars",))
 def foreach_addcmul_scalar_list(self, tensor1, tensor2, scalars):
     return _map(_addcmul, self, tensor1, tensor2, scalars)
 
 
-@lower(aten._foreach_addcdiv.Scalar)
+@lower(aten._foreach_addcdiv.Scalar, traced=("value",))
 def foreach_addcdiv_scalar(self, tensor1, tensor2, value=1):
     return _map(lambda x, a, b: _addcdiv(x, a, b, value), self, tensor1, tensor2)
 
 
-@lower(aten._foreach_addcdiv.ScalarList)
+@lower(aten._foreach_addcdiv.ScalarList, traced=("scalars",))
 def foreach_addcdiv_scalar_list(self, tensor1, tensor2, scalars):
     return _map(_addcdiv, self, tensor1, tensor2, scalars)
 
 
-def _lerp(x, end, weight):
-    """CPU's lerp: exact at both ends."""
-    x, end = to_opmath(x), to_opmath(end)
-    weight = to_opmath(weight) if hasattr(weight, "dtype") else weight
-    return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x), end - (end - x) * (1 - weight))
-
-
-@lower(aten._foreach_lerp.List, aten._foreach_lerp.ScalarList)
+@lower(aten._foreach_lerp.List, aten._foreach_lerp.ScalarList, traced=("weight",))
 def foreach_lerp_list(self, tensors1, weights):
     return _map(_lerp, self, tensors1, weights)
 
 
-@lower(aten._foreach_lerp.Scalar)
+@lower(aten._foreach_lerp.Scalar, traced=("weight",))
 def foreach_lerp_scalar(self, tensors1, weight):
     return _map(lambda x, e: _lerp(x, e, weight), self, tensors1)
 
 
-# ---- per-element scalars as data ------------------------------------------
-# Optimizers pass Scalar[] lists that change every step (Adam's bias-corrected
-# step sizes), and .Tensor overloads take them as a CPU tensor. The in-place
-# variants run eagerly with the scalars as a traced array, so a new step
-# reuses the executable instead of compiling one per set of values.
-
-_PER_SCALAR = {
-    "add_scaled": lambda x, y, s: x + y * s,
-    "sub_scaled": lambda x, y, s: x - y * s,
-    "add": lambda x, s: x + s,
-    "sub": lambda x, s: x - s,
-    "mul": lambda x, s: x * s,
-    "div": lambda x, s: _div(x, s),
-    "addcmul": _addcmul,
-    "addcdiv": _addcdiv,
-    "lerp": _lerp,
-}
+# ---- in place with CPU's rounding ---------------------------------------------
+# The other in-place and out= forms are derived from the functional lowerings above. CPU's
+# in-place add/sub/mul round the scalar to the tensor's dtype first (a half float's), which its
+# functional forms do not; its in-place div does not round. The scalars are traced, so an
+# optimizer whose step sizes change every step (Adam's bias correction, an LR schedule) reuses
+# one executable.
 
 
-@functools.partial(executable_cache.jit, static_argnums=0)
-def _per_scalar_step(name, lists, scalars):
-    fn = _PER_SCALAR[name]
-    return [fn(*xs, scalars[i].astype(to_opmath(xs[0]).dtype)) for i, xs in enumerate(zip(*lists))]
+def _scaled(y, alpha):
+    return y if isinstance(alpha, (int, float)) and alpha == 1 else y * alpha
 
 
-def _scalar_array(scalars, tensors) -> np.ndarray:
-    if isinstance(scalars, torch.Tensor):
-        values = scalars.detach().cpu().reshape(-1).tolist()
-    else:
-        values = list(scalars)
-    if len(values) != len(tensors):
-        raise RuntimeError(
-            f"Tensor list must have same number of elements as scalar list, got {len(tensors)} and {len(values)}"
-        )
-    floating = any(isinstance(v, float) for v in values) or any(t.is_floating_point() for t in tensors)
-    wide = any(t.dtype == torch.float64 for t in tensors)
-    dtype = (jnp.float64 if wide else jnp.float32) if floating else jnp.int64
-    return np.asarray(values, dtype)  # numpy: an eager jnp conversion would trace and compile
+@lower(aten._foreach_add_.Scalar, traced=("scalar",))
+def foreach_add_scalar_(self, scalar):
+    return _map(lambda x: x + _rounded(scalar, x), self)
 
 
-def _run_per_scalar(name, self, others, scalars):
-    if not self:
-        return []
-    if any(not t.is_floating_point() for t in self) and any(isinstance(v, float) for v in _as_values(scalars)):
-        raise RuntimeError("result type Float can't be cast to the desired output type " + str(self[0].dtype))
-    if tensors.lazy is not None:  # lazy mode: recorded, not run
-        lists = [[tensors.lazy.read(t) for t in ts] for ts in (self, *others)]
-        return tensors.lazy.call(_per_scalar_step, (name,), lists, _scalar_array(scalars, self))
-    lists = [[to_jax(t) for t in ts] for ts in (self, *others)]
-    metrics.bump("executions")
-    return _per_scalar_step(name, lists, _scalar_array(scalars, self))
+@lower(aten._foreach_add_.ScalarList, traced=("scalars",))
+def foreach_add_scalar_list_(self, scalars):
+    return _map(lambda x, s: x + _rounded(s, x), self, scalars)
 
 
-def _as_values(scalars):
-    return scalars.reshape(-1).tolist() if isinstance(scalars, torch.Tensor) else list(scalars)
+@lower(aten._foreach_sub_.Scalar, traced=("scalar",))
+def foreach_sub_scalar_(self, scalar):
+    return _map(lambda x: x - _rounded(scalar, x), self)
 
 
-def _register_per_scalar_inplace(name: str, op, n_others: int):
-    @lower(op, eager=True)
-    def foreach_per_scalar_(self, *args):
-        others, scalars = args[:n_others], args[n_others]
-        for t, v in zip(self, _run_per_scalar(name, self, others, scalars)):
-            write_jax(t, v)
-
-    foreach_per_scalar_.__name__ = f"foreach_{name}_per_scalar_"
+@lower(aten._foreach_sub_.ScalarList, traced=("scalars",))
+def foreach_sub_scalar_list_(self, scalars):
+    return _map(lambda x, s: x - _rounded(s, x), self, scalars)
 
 
-def _register_per_scalar_functional(name: str, op):
-    @lower(op, eager=True)
-    def foreach_per_scalar(self, tensor1, tensor2, scalars):
-        values = _run_per_scalar(name, self, (tensor1, tensor2), scalars)
-        return [from_jax(v, t.device.index, torch.result_type(t, 1.0)) for t, v in zip(self, values)]
-
-    foreach_per_scalar.__name__ = f"foreach_{name}_per_scalar"
+@lower(aten._foreach_mul_.Scalar, traced=("scalar",))
+def foreach_mul_scalar_(self, scalar):
+    return _map(lambda x: x * _rounded(scalar, x), self)
 
 
-def _register_scalar_as_traced(name: str, op, n_others: int, arg: str):
-    """In-place ops whose one Scalar (`alpha`, `value`, `weight`, the scalar itself) tracks the
-    learning rate: traced like a Scalar[] of that value, so an LR scheduler does not recompile."""
-
-    @lower(op, eager=True)
-    def foreach_traced_scalar_(self, *args, **kwargs):
-        others = args[:n_others]
-        rest = args[n_others:]
-        scalar = rest[0] if rest else kwargs.get(arg, 1)
-        for t, v in zip(self, _run_per_scalar(name, self, others, [scalar] * len(self))):
-            write_jax(t, v)
-
-    foreach_traced_scalar_.__name__ = f"foreach_{name}_traced_scalar_"
+@lower(aten._foreach_mul_.ScalarList, traced=("scalars",))
+def foreach_mul_scalar_list_(self, scalars):
+    return _map(lambda x, s: x * _rounded(s, x), self, scalars)
 
 
-for _name in ("add", "sub", "mul", "div"):
-    _register_per_scalar_inplace(_name, getattr(aten, f"_foreach_{_name}_").ScalarList, 0)
-    _register_scalar_as_traced(_name, getattr(aten, f"_foreach_{_name}_").Scalar, 0, "scalar")
-_register_scalar_as_traced("add_scaled", aten._foreach_add_.List, 1, "alpha")
-_register_scalar_as_traced("sub_scaled", aten._foreach_sub_.List, 1, "alpha")
-_register_scalar_as_traced("lerp", aten._foreach_lerp_.Scalar, 1, "weight")
-_register_per_scalar_inplace("lerp", aten._foreach_lerp_.ScalarList, 1)
-for _name in ("addcmul", "addcdiv"):
-    _register_per_scalar_inplace(_name, getattr(aten, f"_foreach_{_name}_").ScalarList, 2)
-    _register_per_scalar_inplace(_name, getattr(aten, f"_foreach_{_name}_").Tensor, 2)
-    _register_scalar_as_traced(_name, getattr(aten, f"_foreach_{_name}_").Scalar, 2, "value")
-    _register_per_scalar_functional(_name, getattr(aten, f"_foreach_{_name}").Tensor)
+@lower(aten._foreach_add_.List, traced=("alpha",))
+def foreach_add_list_(self, other, *, alpha=1):
+    return _map(lambda x, y: to_opmath(x) + _scaled(to_opmath(y), alpha), self, other)
+
+
+@lower(aten._foreach_sub_.List, traced=("alpha",))
+def foreach_sub_list_(self, other, *, alpha=1):
+    return _map(lambda x, y: to_opmath(x) - _scaled(to_opmath(y), alpha), self, other)
+
+
+# .Tensor overloads take the scalars as a CPU tensor: read once, then the Scalar[] form.
+@lower(aten._foreach_addcmul.Tensor, eager=True)
+def foreach_addcmul_tensor(self, tensor1, tensor2, scalars):
+    return aten._foreach_addcmul.ScalarList(self, tensor1, tensor2, _values(scalars))
+
+
+@lower(aten._foreach_addcdiv.Tensor, eager=True)
+def foreach_addcdiv_tensor(self, tensor1, tensor2, scalars):
+    return aten._foreach_addcdiv.ScalarList(self, tensor1, tensor2, _values(scalars))
+
+
+@lower(aten._foreach_addcmul_.Tensor, eager=True)
+def foreach_addcmul_tensor_(self, tensor1, tensor2, scalars):
+    aten._foreach_addcmul_.ScalarList(self, tensor1, tensor2, _values(scalars))
+
+
+@lower(aten._foreach_addcdiv_.Tensor, eager=True)
+def foreach_addcdiv_tensor_(self, tensor1, tensor2, scalars):
+    aten._foreach_addcdiv_.ScalarList(self, tensor1, tensor2, _values(scalars))
+
+
+def _values(scalars: torch.Tensor) -> list:
+    if scalars.dim() != 1:
+        raise RuntimeError(f"Expected scalars to be a 1D tensor, got {scalars.dim()}D")
+    return scalars.detach().cpu().tolist()
 
 
 # ---- unary ------------------------------------------------------------------
