@@ -164,8 +164,8 @@ def _train_llama(model: Llama, mesh: td.Mesh | None, steps: int = 10) -> list[fl
         opt.step()
         losses.append(loss.item())
     if mesh is not None and "model" in mesh.axis_names:
-        assert td.sharding_spec(model.layers[0].mlp.w1.weight) == ("model", None)
-        assert td.sharding_spec(model.layers[0].attn.wo.weight) == (None, "model")
+        assert td.sharding_spec(model.blocks[0].mlp.gate.weight) == ("model", None)
+        assert td.sharding_spec(model.blocks[0].attn.o.weight) == (None, "model")
     return losses
 
 
