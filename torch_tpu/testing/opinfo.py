@@ -16,6 +16,7 @@ a crash or a timeout in one op is that op's failure.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import signal
@@ -381,8 +382,45 @@ def check_op(
 ) -> OpResult:
     """Runs the forward, grad and error-input checks of one OpInfo entry."""
     result = OpResult(entry_name(op))
-    start = time.perf_counter()
     values = not _NONDETERMINISTIC.match(op.name)
+    with _time_limited(result, timeout_s, ASPECTS):
+        dtypes = tested_dtypes(op)
+        if dtypes:
+            torch.manual_seed(0)
+            before = _fallbacks()
+
+            def forward():
+                for dtype in dtypes:
+                    n = forward_samples if dtype == torch.float32 else other_dtype_samples
+                    _run_forward(op, dtype, n, values)
+
+            _forward_and_native(result, before, forward)
+        if op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu"):
+            torch.manual_seed(0)
+            before = _fallbacks()
+            checked = [False]
+
+            def grad():
+                checked[0] = _run_grad(op, grad_samples, values)
+                used = _new_fallbacks(before)
+                if used:
+                    result.fallback_ops.update(used)
+                    raise AssertionError("CPU fallback: " + ", ".join(sorted(used)))
+
+            ok = _attempt(result, "grad", grad)
+            if ok and not checked[0]:
+                del result.results["grad"]  # no float32 sample had a differentiable output
+        if op.error_inputs_func is not None:
+            torch.manual_seed(0)
+            _attempt(result, "errors", lambda: _run_errors(op, error_samples))
+    return result
+
+
+@contextlib.contextmanager
+def _time_limited(result: OpResult, timeout_s: float, aspects: Iterable[str]) -> Iterator[None]:
+    """Runs the body with warnings off and a SIGALRM limit; on timeout, the aspects not yet
+    decided fail with the reason "timeout". Records the time taken in `result.seconds`."""
+    start = time.perf_counter()
     use_alarm = timeout_s > 0 and hasattr(signal, "setitimer")
     old_handler = signal.signal(signal.SIGALRM, _on_alarm) if use_alarm else None
     if use_alarm:
@@ -390,42 +428,9 @@ def check_op(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dtypes = tested_dtypes(op)
-            if dtypes:
-                torch.manual_seed(0)
-                before = _fallbacks()
-
-                def forward():
-                    for dtype in dtypes:
-                        n = forward_samples if dtype == torch.float32 else other_dtype_samples
-                        _run_forward(op, dtype, n, values)
-
-                if _attempt(result, "forward", forward):
-                    used = _new_fallbacks(before)
-                    result.fallback_ops |= used
-                    result.results["native"] = "fail" if used else "pass"
-                    if used:
-                        result.reasons["native"] = "CPU fallback: " + ", ".join(sorted(used))
-            if op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu"):
-                torch.manual_seed(0)
-                before = _fallbacks()
-                checked = [False]
-
-                def grad():
-                    checked[0] = _run_grad(op, grad_samples, values)
-                    used = _new_fallbacks(before)
-                    if used:
-                        result.fallback_ops.update(used)
-                        raise AssertionError("CPU fallback: " + ", ".join(sorted(used)))
-
-                ok = _attempt(result, "grad", grad)
-                if ok and not checked[0]:
-                    del result.results["grad"]  # no float32 sample had a differentiable output
-            if op.error_inputs_func is not None:
-                torch.manual_seed(0)
-                _attempt(result, "errors", lambda: _run_errors(op, error_samples))
+            yield
     except _Timeout:
-        for aspect in ASPECTS:
+        for aspect in aspects:
             if aspect not in result.results:
                 result.results[aspect] = "fail"
                 result.reasons[aspect] = "timeout"
@@ -433,8 +438,17 @@ def check_op(
         if use_alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old_handler)
-    result.seconds = time.perf_counter() - start
-    return result
+        result.seconds = time.perf_counter() - start
+
+
+def _forward_and_native(result: OpResult, before, forward) -> None:
+    """The forward aspect, and the native one: whether it ran without the CPU fallback."""
+    if _attempt(result, "forward", forward):
+        used = _new_fallbacks(before)
+        result.fallback_ops |= used
+        result.results["native"] = "fail" if used else "pass"
+        if used:
+            result.reasons["native"] = "CPU fallback: " + ", ".join(sorted(used))
 
 
 def low_precision_dtypes(op) -> list[torch.dtype]:
@@ -448,33 +462,12 @@ def check_op_low_precision(
     """The forward and native aspects for `dtype` (bfloat16, float16) samples: values against
     CPU's in the same dtype at LOW_PRECISION_TOL (or the op's larger override)."""
     result = OpResult(entry_name(op))
-    start = time.perf_counter()
     values = not _NONDETERMINISTIC.match(op.name)
     tol = _tolerance(op, dtype, base=LOW_PRECISION_TOL)
-    use_alarm = timeout_s > 0 and hasattr(signal, "setitimer")
-    old_handler = signal.signal(signal.SIGALRM, _on_alarm) if use_alarm else None
-    if use_alarm:
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.manual_seed(0)
-            before = _fallbacks()
-            if _attempt(result, "forward", lambda: _run_forward(op, dtype, samples, values, tol)):
-                used = _new_fallbacks(before)
-                result.fallback_ops |= used
-                result.results["native"] = "fail" if used else "pass"
-                if used:
-                    result.reasons["native"] = "CPU fallback: " + ", ".join(sorted(used))
-    except _Timeout:
-        for aspect in ("forward", "native"):
-            result.results.setdefault(aspect, "fail")
-            result.reasons.setdefault(aspect, "timeout")
-    finally:
-        if use_alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old_handler)
-    result.seconds = time.perf_counter() - start
+    with _time_limited(result, timeout_s, ("forward", "native")):
+        torch.manual_seed(0)
+        before = _fallbacks()
+        _forward_and_native(result, before, lambda: _run_forward(op, dtype, samples, values, tol))
     return result
 
 
