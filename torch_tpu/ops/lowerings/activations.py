@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special
 import numpy as np
+import torch
 from jax import lax
 
 from torch_tpu.ops.checks import dim_in_range
@@ -109,25 +110,46 @@ def log_sigmoid_backward(grad_output, self, buffer):
     return g * jax.nn.sigmoid(-x)
 
 
-@lower(aten.softshrink.default)
+def _check_softshrink(self, lambd=0.5, *args, **kwargs):
+    if not self.dtype.is_floating_point:
+        raise RuntimeError(f"\"softshrink_check\" not implemented for '{type_name(self.dtype)}'")
+    top = torch.finfo(self.dtype).max
+    if not 0 <= lambd <= top:
+        raise RuntimeError(
+            f"lambda must be in range [0, {top:g}] for input dtype {type_name(self.dtype)}, but found {lambd:g}"
+        )
+
+
+def _inside(x, lambd):
+    """-lambd <= x <= lambd, as CPU compares (nan is outside)."""
+    return (x >= -lambd) & (x <= lambd)
+
+
+@lower(aten.softshrink.default, traced=("lambd",), check=_check_softshrink)
 def softshrink(self, lambd=0.5):
     x = to_opmath(self)
-    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+    lambd = cast(lambd, x.dtype)
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0))
 
 
-@lower(aten.softshrink_backward.default)
+@lower(aten.softshrink_backward.default, traced=("lambd",))
 def softshrink_backward(grad_output, self, lambd):
-    return jnp.where(jnp.abs(self) > lambd, grad_output, jnp.zeros_like(grad_output))
+    return _shrink_backward(grad_output, self, lambd)
 
 
-@lower(aten.hardshrink.default)
+@lower(aten.hardshrink.default, traced=("lambd",))
 def hardshrink(self, lambd=0.5):
-    return jnp.where(jnp.abs(self) > lambd, self, jnp.zeros_like(self))
+    return jnp.where(_inside(self, cast(lambd, self.dtype)), jnp.zeros_like(self), self)
 
 
-@lower(aten.hardshrink_backward.default)
+@lower(aten.hardshrink_backward.default, traced=("lambd",))
 def hardshrink_backward(grad_out, self, lambd):
-    return jnp.where(jnp.abs(self) > lambd, grad_out, jnp.zeros_like(grad_out))
+    return _shrink_backward(grad_out, self, lambd)
+
+
+def _shrink_backward(grad, self, lambd):
+    """grad where |self| > lambd (nan included, as CPU's vectorized loop), else 0."""
+    return jnp.where(jnp.abs(self) > cast(lambd, self.dtype), grad, jnp.zeros_like(grad))
 
 
 # ---- activations ------------------------------------------------------------
