@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import torch
 from jax import lax
+from jax._src.lax import linalg as lax_linalg  # geqrf and ormqr: LAPACK's forms, not re-exported by jax.lax
 
 from torch_tpu import metrics
 from torch_tpu.ops import precision
@@ -407,6 +408,32 @@ def linalg_householder_product(input, tau):
     return lax.linalg.householder_product(input, tau)
 
 
+@executable_cache.jit
+@_full_precision
+def _geqrf(a):
+    return lax_linalg.geqrf(a)
+
+
+@lower(aten.geqrf.default, eager=True, graph=_full_precision(lambda self: lax_linalg.geqrf(self)))
+def geqrf(self):
+    """LAPACK's geqrf, as CPU returns it: R above the diagonal, the Householder vectors below, and
+    tau. Eager: torch has no meta kernel for it."""
+    if self.dim() < 2:
+        raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
+    if self.dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
+        raise NotImplementedError(f"\"geqrf_cpu\" not implemented for '{type_name(self.dtype)}'")
+    a, tau = _geqrf(to_jax(self))
+    metrics.bump("executions")
+    return from_jax(a, self.device.index), from_jax(tau, self.device.index)
+
+
+@lower(aten.ormqr.default)
+@_full_precision
+def ormqr(self, input2, input3, left=True, transpose=False):
+    """Q (from geqrf's vectors and tau) times input3: on the left or right, Q or its (conjugate) transpose."""
+    return lax_linalg.ormqr(self, input2, input3, left=left, transpose=transpose)
+
+
 @lower(aten.linalg_matrix_exp.default)
 @_full_precision
 def linalg_matrix_exp(self):
@@ -437,9 +464,8 @@ def _pairwise_diff(x1, x2):
     return x1[..., :, None, :] - x2[..., None, :, :]
 
 
-@lower(aten._cdist_forward.default)
-def cdist_forward(x1, x2, p, compute_mode):
-    d = jnp.abs(_pairwise_diff(to_opmath(x1), to_opmath(x2)))
+def _p_norm_last(d, p):
+    """The p-norm of |differences| `d` over the last axis, as cdist/pdist compute it."""
     if p == 0:
         return jnp.sum(d != 0, axis=-1).astype(d.dtype)
     if p == 1:
@@ -451,20 +477,62 @@ def cdist_forward(x1, x2, p, compute_mode):
     return jnp.sum(d**p, axis=-1) ** (1 / p)
 
 
+def _p_norm_grad(diff, dist, p):
+    """d dist / d diff for a p-norm distance (CPU's cdist/pdist backward cases)."""
+    if p == 0:
+        return jnp.zeros_like(diff)
+    if p == 1:
+        return jnp.sign(diff)
+    if p == 2:
+        return jnp.where(dist == 0, 0, diff / jnp.where(dist == 0, 1, dist))
+    if math.isinf(p):
+        return jnp.sign(diff) * (jnp.abs(diff) == dist)
+    safe = jnp.where(dist == 0, 1, dist)
+    local = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
+    return jnp.where((dist == 0) | ((diff == 0) & (p < 1)), 0, local)
+
+
+@lower(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode):
+    return _p_norm_last(jnp.abs(_pairwise_diff(to_opmath(x1), to_opmath(x2))), p)
+
+
 @lower(aten._cdist_backward.default)
 def cdist_backward(grad, x1, x2, p, cdist):
     diff = _pairwise_diff(to_opmath(x1), to_opmath(x2))
     g, dist = to_opmath(grad)[..., None], to_opmath(cdist)[..., None]
-    if p == 0:
-        local = jnp.zeros_like(diff)
-    elif p == 1:
-        local = jnp.sign(diff)
-    elif p == 2:
-        local = jnp.where(dist == 0, 0, diff / jnp.where(dist == 0, 1, dist))
-    elif math.isinf(p):
-        local = jnp.sign(diff) * (jnp.abs(diff) == dist)
-    else:
-        safe = jnp.where(dist == 0, 1, dist)
-        local = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
-        local = jnp.where((dist == 0) | ((diff == 0) & (p < 1)), 0, local)
-    return jnp.sum(local * g, axis=-2).reshape(x1.shape)
+    return jnp.sum(_p_norm_grad(diff, dist, p) * g, axis=-2).reshape(x1.shape)
+
+
+# ---- pdist ------------------------------------------------------------------
+
+
+def _pair_rows(n: int):
+    """The (i, j) row pairs with i < j, in CPU's (row-major upper triangle) order."""
+    return jnp.triu_indices(n, k=1)
+
+
+@lower(aten._pdist_forward.default)
+def pdist_forward(self, p=2.0):
+    n = self.shape[0]
+    if n <= 1:
+        return jnp.zeros((0,), self.dtype)
+    i, j = _pair_rows(n)
+    x = to_opmath(self)
+    d = jnp.abs(x[i] - x[j])
+    return _p_norm_last(d, p).astype(self.dtype)
+
+
+@lower(aten._pdist_backward.default)
+def pdist_backward(grad, self, p, pdist):
+    """CPU's subgradients: zero where a distance is zero (and at zero differences for p < 1)."""
+    n, m = self.shape
+    if n <= 1 or m == 0:
+        return jnp.zeros_like(self)
+    i, j = _pair_rows(n)
+    x = to_opmath(self)
+    diff = x[i] - x[j]
+    g, dist = to_opmath(grad)[:, None], to_opmath(pdist)[:, None]
+    local = _p_norm_grad(diff, dist, p) * g
+    out = jnp.zeros_like(x).at[i].add(local).at[j].add(-local)
+    return out.astype(self.dtype)

@@ -1,11 +1,14 @@
-"""Normalization: layer norm, batch norm, group norm (forward and backward)."""
+"""Normalization: layer norm, batch norm, group norm (forward and backward), renorm."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import torch
 from jax import lax
 
+from torch_tpu.ops.checks import dim_in_range
 from torch_tpu.ops.dtypes import to_opmath
+from torch_tpu.ops.lowerings.reductions import _HALF, linalg_vector_norm
 from torch_tpu.ops.registry import aten, lower
 
 # ---- normalization ----------------------------------------------------------
@@ -210,3 +213,27 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
     grad_weight = jnp.sum(g * x_hat_c, axis=(0, 2)) if output_mask[1] else None
     grad_bias = jnp.sum(g, axis=(0, 2)) if output_mask[2] else None
     return grad_input.reshape(input.shape) if output_mask[0] else None, grad_weight, grad_bias
+
+
+# ---- renorm -----------------------------------------------------------------
+
+
+@lower(aten.renorm.default)
+def renorm(self, p, dim, maxnorm):
+    """Scales each slice along `dim` whose p-norm exceeds maxnorm to norm maxnorm (CPU's 1e-7 eps)."""
+    if isinstance(p, complex):
+        raise RuntimeError("renorm: p must be real-valued")
+    if not p > 0:
+        raise RuntimeError("renorm: non-positive-norm not supported")
+    if isinstance(maxnorm, complex):
+        raise RuntimeError("renorm: maxnorm must be real-valued")
+    if not maxnorm >= 0:
+        raise RuntimeError(f"renorm: expected maxnorm to be >= 0 but got {float(maxnorm):g}")
+    if self.ndim <= 1:
+        raise RuntimeError(f"renorm: input needs at least 2 dimensions, got {self.ndim} dimensions")
+    dim_in_range(dim, self.ndim)
+    axes = tuple(d for d in range(self.ndim) if d != dim % self.ndim)
+    # Half inputs take a float32 norm; the factor is rounded to the input dtype, as on CPU.
+    norm = linalg_vector_norm(self, float(p), axes, True, dtype=torch.float32 if self.dtype in _HALF else None)
+    factor = jnp.where(norm > maxnorm, maxnorm / (norm + jnp.asarray(1e-7, norm.dtype)), 1).astype(norm.dtype)
+    return self * factor.astype(self.dtype)

@@ -10,10 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from torch_tpu import metrics
 from torch_tpu.ops.checks import check_ranges, first_outside
 from torch_tpu.ops.dtypes import opmath, to_opmath
 from torch_tpu.ops.lowerings.common import HIGHEST, ntuple
 from torch_tpu.ops.registry import Check, aten, lower
+from torch_tpu.ops.tensors import from_jax, to_jax
+from torch_tpu.runtime import executable_cache
 
 # ---- pooling ----------------------------------------------------------------
 
@@ -322,24 +325,59 @@ def _fractional_starts(sample, size: int, out: int, k: int):
     return jnp.concatenate([starts, jnp.full((*sample.shape, 1), size - k, jnp.int32)], axis=-1)
 
 
+def _fractional_max_pool(nd, self, kernel_size, output_size, random_samples, columns):
+    """Max over the windows at CPU's pseudo-random starts; dim d takes its sample from column columns[d]."""
+    x = self if self.ndim == nd + 2 else self[None]
+    kernel, out = ntuple(kernel_size, nd), ntuple(output_size, nd)
+    lead, sizes = x.shape[:2], x.shape[2:]
+    samples = random_samples.reshape(*lead, nd)
+    taps, flat = x, 0
+    for d in range(nd):
+        starts = _fractional_starts(samples[..., columns[d]], sizes[d], out[d], kernel[d])
+        idx = starts[..., None] + jnp.arange(kernel[d])  # (N, C, out, k)
+        axis = 2 + 2 * d  # dims before d are already split into (out, k)
+        taps = jnp.take_along_axis(taps, idx.reshape(*lead, *[1] * (2 * d), -1, *[1] * (nd - d - 1)), axis=axis)
+        taps = taps.reshape(*taps.shape[:axis], out[d], kernel[d], *taps.shape[axis + 1 :])
+        stride = math.prod(sizes[d + 1 :])
+        flat = flat + (idx * stride).reshape(*lead, *[1] * (2 * d), out[d], kernel[d], *[1] * (2 * (nd - d - 1)))
+    order = (0, 1, *range(3, 2 * nd + 2, 2), *range(2, 2 * nd + 2, 2))  # (N, C, o0, k0, ...) -> (N, C, *k, *out)
+    flat = jnp.transpose(jnp.broadcast_to(flat, taps.shape), order)
+    taps = jnp.transpose(taps, order).reshape(*lead, -1, *out)
+    out_v, idx = _max_select(taps, np.ones(taps.shape[-nd - 1 :], bool), flat.reshape(taps.shape), 2)
+    return (out_v, idx) if self.ndim == nd + 2 else (out_v[0], idx[0])
+
+
 @lower(aten.fractional_max_pool2d.default)
 def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
-    x = self if self.ndim == 4 else self[None]
-    (kh, kw), (oh, ow) = ntuple(kernel_size, 2), ntuple(output_size, 2)
-    H, W = x.shape[-2:]
-    samples = random_samples.reshape(x.shape[0], x.shape[1], 2)
-    hidx = (_fractional_starts(samples[..., 1], H, oh, kh)[..., None] + jnp.arange(kh)).reshape(*x.shape[:2], -1)
-    widx = (_fractional_starts(samples[..., 0], W, ow, kw)[..., None] + jnp.arange(kw)).reshape(*x.shape[:2], -1)
-    rows = jnp.take_along_axis(x, hidx[..., None], axis=2)  # (N, C, oh*kh, W)
-    taps = jnp.take_along_axis(rows, widx[:, :, None, :], axis=3).reshape(*x.shape[:2], oh, kh, ow, kw)
-    flat = (hidx[..., None] * W + widx[:, :, None, :]).reshape(taps.shape)
-    order = (0, 1, 3, 5, 2, 4)  # -> (N, C, kh, kw, oh, ow)
-    taps = jnp.transpose(taps, order).reshape(*x.shape[:2], -1, oh, ow)
-    flat = jnp.transpose(flat, order).reshape(taps.shape)
-    out, idx = _max_select(taps, np.ones(taps.shape[-3:], bool), flat, 2)
-    return (out, idx) if self.ndim == 4 else (out[0], idx[0])
+    return _fractional_max_pool(2, self, kernel_size, output_size, random_samples, (1, 0))
+
+
+@lower(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(3, self, kernel_size, output_size, random_samples, (0, 1, 2))
 
 
 @lower(aten.fractional_max_pool2d_backward.default)
 def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
     return _scatter_to_plane(grad_output, indices, self.shape, 2)
+
+
+def _fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _scatter_to_plane(grad_output, indices, self.shape, 3).astype(self.dtype)
+
+
+_fractional_max_pool3d_backward_jit = executable_cache.jit(_fractional_max_pool3d_backward, static_argnums=(2, 3))
+
+
+# No meta kernel: eager, with CPU's size checks.
+@lower(aten.fractional_max_pool3d_backward.default, eager=True, graph=_fractional_max_pool3d_backward)
+def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    off = self.dim() - 3
+    for d, name in enumerate(("time", "height", "width")):
+        if output_size[d] != grad_output.shape[off + d]:
+            raise RuntimeError(f"fractional_max_pool3d_backward_out(): gradOutput {name} unexpected")
+    metrics.bump("executions")
+    grad = _fractional_max_pool3d_backward_jit(
+        to_jax(grad_output), to_jax(self), tuple(kernel_size), tuple(output_size), to_jax(indices)
+    )
+    return from_jax(grad, self.device.index)

@@ -1,5 +1,5 @@
 """Reductions and scans: sum, mean, prod, max/min, var/std, any/all, norms,
-cumulative ops, median and mode.
+cumulative ops, median and mode, segment_reduce.
 
 PyTorch's dtype rules: integer and bool sums/products/cumsums give int64
 unless `dtype=` says otherwise; half-precision inputs accumulate in float32.
@@ -19,10 +19,10 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
-from torch_tpu.ops.checks import index_bounds
+from torch_tpu.ops.checks import Failure, dim_in_range, index_bounds, to_host
 from torch_tpu.ops.dtypes import to_numpy_dtype, type_name
 from torch_tpu.ops.lowerings.sorting import sort_along
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import Check, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
 
@@ -212,7 +212,20 @@ def argmin(x, dim=None, keepdim=False):
     return _arg_extreme(x, dim, keepdim, jnp.argmin)
 
 
-@lower(aten.aminmax.default)
+def _aminmax_out_check(self, *, dim=None, keepdim=False, min=None, max=None):
+    """CPU's aminmax.out takes outputs of the input's dtype only (it does not cast)."""
+    for out in (min, max):
+        if out is not None and out.dtype != self.dtype:
+            raise RuntimeError(
+                f"Expected out tensor to have dtype {_c10_name(self.dtype)}, but got {_c10_name(out.dtype)} instead"
+            )
+
+
+def _c10_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "float", torch.float64: "double"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+@lower(aten.aminmax.default, check=_aminmax_out_check)
 def aminmax(x, *, dim=None, keepdim=False):
     axes = _axes(dim, x.ndim)
     return jnp.min(x, axis=axes, keepdims=keepdim), jnp.max(x, axis=axes, keepdims=keepdim)
@@ -544,3 +557,205 @@ def equal(self, other):
     if self.shape != other.shape:
         return False
     return bool(torch.all(torch.eq(self, other)).item())
+
+
+# ---- segment_reduce ------------------------------------------------------------------
+# Segments run along axis lengths.dim() - 1; the leading dims of data and lengths/offsets are
+# batch rows. Boundaries are traced values (cumsum and searchsorted of the lengths).
+
+_SEGMENT_IDENTITY = {"max": -jnp.inf, "min": jnp.inf, "sum": 0.0, "mean": 0.0, "prod": 1.0}
+_SEGMENT_NAMES = {"amax": "max", "amin": "min"}
+_NOT_TRUE = (
+    "Expected {} to be true, but got false.  "
+    "(Could this error message be improved?  If so, please report an enhancement request to PyTorch.)"
+)
+
+
+def _segment_reduction(reduce: str) -> str:
+    reduce = _SEGMENT_NAMES.get(reduce, reduce)
+    if reduce not in _SEGMENT_IDENTITY:
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    return reduce
+
+
+def _segment_layout(data, bounds, axis: int, kernel: str):
+    """CPU's dtype and axis checks; returns (axis, batch rows O, axis size L, inner size I)."""
+    if not jnp.issubdtype(data.dtype, jnp.floating):
+        raise NotImplementedError(f"\"_segment_reduce_cpu\" not implemented for '{type_name(data.dtype)}'")
+    if bounds.dtype not in (jnp.int32, jnp.int64):
+        raise NotImplementedError(f"\"{kernel}\" not implemented for '{type_name(bounds.dtype)}'")
+    dim_in_range(axis, data.ndim)
+    axis %= max(data.ndim, 1)
+    rows = int(np.prod(data.shape[:axis], dtype=np.int64))
+    inner = int(np.prod(data.shape[axis + 1 :], dtype=np.int64))
+    return axis, rows, data.shape[axis] if data.ndim else 1, inner
+
+
+def _segment_bounds(lengths, offsets, rows: int):
+    """(offsets (O, S + 1), lengths (O, S)) as int64, batch dims flattened."""
+    if offsets is not None:
+        offs = offsets.reshape(rows, offsets.shape[-1]).astype(jnp.int64)
+        return offs, offs[:, 1:] - offs[:, :-1]
+    lens = lengths.reshape(rows, lengths.shape[-1]).astype(jnp.int64)
+    return jnp.concatenate([jnp.zeros_like(lens[:, :1]), jnp.cumsum(lens, axis=1)], axis=1), lens
+
+
+def _segment_ids(offs, size: int):
+    """Each position's segment (O, L); S for a position in none (past the last or before the first)."""
+    count = offs.shape[1] - 1
+    pos = jnp.arange(size)
+    k = jax.vmap(lambda o: jnp.searchsorted(o[1:], pos, side="right"))(offs)
+    return jnp.where((pos[None, :] >= offs[:, :1]) & (k < count), k, count)
+
+
+def _segment_setup(data, lengths, offsets, axis, kernel):
+    bounds = offsets if offsets is not None else lengths
+    axis, rows, size, inner = _segment_layout(data, bounds, axis, kernel)
+    offs, lens = _segment_bounds(lengths, offsets, rows)
+    count = lens.shape[1]
+    local = _segment_ids(offs, size)
+    # Global segment ids over the flattened (O * L) positions; O * S collects the positions in none.
+    ids = jnp.where(local < count, local + count * jnp.arange(rows)[:, None], rows * count).reshape(-1)
+    out_shape = (*bounds.shape[:-1], count, *data.shape[axis + 1 :])
+    return data.reshape(rows * size, inner), ids, local, lens.reshape(-1, 1), rows * count, out_shape
+
+
+def _segment_fold(x, ids, n: int, reduce: str):
+    if reduce in ("sum", "mean"):
+        return jax.ops.segment_sum(x, ids, n + 1)[:n]
+    if reduce == "prod":
+        return jax.ops.segment_prod(x, ids, n + 1)[:n]
+    fold = jax.ops.segment_max if reduce == "max" else jax.ops.segment_min
+    r = fold(x, ids, n + 1)[:n]
+    has_nan = jax.ops.segment_max(jnp.isnan(x).astype(jnp.int8), ids, n + 1)[:n] > 0
+    return jnp.where(has_nan, jnp.nan, r)
+
+
+_NEGATIVE_LENGTH = "lengths contains negative value!"
+_LENGTHS_SUM = (
+    "segment_reduce(): Expected all rows of lengths along axis to sum to data.size(lengths.dim()-1) when !unsafe."
+)
+
+
+def _checked_lengths(data, lengths, offsets, axis, unsafe):
+    """The lengths the !unsafe check reads and data's size along axis, or None (nothing to check,
+    or an argument error the lowering raises)."""
+    ndim = max(len(data.shape), 1)
+    if unsafe or offsets is not None or lengths is None or not -ndim <= axis < ndim:
+        return None
+    if axis % ndim != len(lengths.shape) - 1 or not np.prod(lengths.shape):
+        return None
+    return lengths, data.shape[axis % ndim] if len(data.shape) else 1
+
+
+def _segment_host_check(data, reduce, *, lengths=None, offsets=None, axis=0, unsafe=False, **_):
+    found = _checked_lengths(data, lengths, offsets, axis, unsafe)
+    if found is None:
+        return
+    values = to_host(to_jax(lengths)) if lengths.device.type != "cpu" else lengths.numpy()
+    if values.min() < 0:
+        raise RuntimeError(_NEGATIVE_LENGTH)
+    if not (values.sum(-1) == found[1]).all():
+        raise RuntimeError(_LENGTHS_SUM)
+
+
+def _segment_graph_check(data, reduce, *, lengths=None, offsets=None, axis=0, unsafe=False, **_):
+    found = _checked_lengths(data, lengths, offsets, axis, unsafe)
+    if found is None:
+        return []
+    lengths, zero = jnp.asarray(lengths), jnp.zeros((), jnp.int64)
+    return [
+        Failure(jnp.any(lengths < 0), zero, RuntimeError, _NEGATIVE_LENGTH),
+        Failure(jnp.any(jnp.sum(lengths, -1) != found[1]), zero, RuntimeError, _LENGTHS_SUM),
+    ]
+
+
+@lower(aten.segment_reduce.default, check=Check(_segment_host_check, _segment_graph_check))
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """torch._segment_reduce: max/min propagate nan; an empty segment gives `initial`, else the
+    reduction's identity (nan for mean)."""
+    if indices is not None:
+        raise RuntimeError("segment_reduce(): indices based reduction is not supported yet.")
+    if lengths is None and offsets is None:
+        raise RuntimeError("segment_reduce(): Either lengths or offsets must be defined.")
+    reduce = _segment_reduction(reduce)
+    bounds, name = (offsets, "offsets") if offsets is not None else (lengths, "lengths")
+    if data.ndim < bounds.ndim:
+        raise RuntimeError(_NOT_TRUE.format(f"data.dim() >= {name}_value.dim()"))
+    wrapped = axis % max(data.ndim, 1) if -max(data.ndim, 1) <= axis < max(data.ndim, 1) else axis
+    if wrapped != bounds.ndim - 1:
+        raise RuntimeError(f"segment_reduce(): Expected axis to be the last dimension of {name} but got {wrapped}.")
+    kernel = f"_segment_reduce_{name}_cpu_kernel1"
+    x, ids, _, lens, n, out_shape = _segment_setup(data, lengths, offsets, axis, kernel)
+    acc = _acc(x)
+    r = _segment_fold(acc, ids, n, reduce)
+    start = jnp.asarray(_SEGMENT_IDENTITY[reduce] if initial is None else initial, data.dtype).astype(acc.dtype)
+    if reduce in ("sum", "mean"):
+        r = start + r
+    elif reduce == "prod":
+        r = start * r
+    else:
+        r = jnp.where(jnp.isnan(r), r, (jnp.maximum if reduce == "max" else jnp.minimum)(start, r))
+    if reduce == "mean":
+        r = jnp.where((lens > 0) & ~jnp.isnan(r), r / jnp.maximum(lens, 1).astype(acc.dtype), r)
+        if initial is None:
+            r = jnp.where(lens == 0, jnp.nan, r)
+    return r.astype(data.dtype).reshape(out_shape)
+
+
+def _segmented_cumprod(x, starts):
+    """Inclusive products along axis 1 that restart where `starts` (O, L) holds."""
+
+    def combine(a, b):
+        return a[0] | b[0], jnp.where(b[0], b[1], a[1] * b[1])
+
+    flags = jnp.broadcast_to(starts[..., None], x.shape)
+    return lax.associative_scan(combine, (flags, x), axis=1)[1]
+
+
+def _exclusive_segment_prod(x, local):
+    """For each position, the product of the other values of its segment (x: (O, L, I))."""
+    if x.shape[1] == 0:
+        return x
+    edge = jnp.ones_like(local[:, :1], bool)
+    starts = jnp.concatenate([edge, local[:, 1:] != local[:, :-1]], axis=1)
+    ends = jnp.concatenate([local[:, 1:] != local[:, :-1], edge], axis=1)
+    ones = jnp.ones_like(x[:, :1])
+    before = jnp.concatenate([ones, _segmented_cumprod(x, starts)[:, :-1]], axis=1)
+    before = jnp.where(starts[..., None], 1, before)
+    after = jnp.flip(_segmented_cumprod(jnp.flip(x, 1), jnp.flip(ends, 1)), 1)
+    after = jnp.where(ends[..., None], 1, jnp.concatenate([after[:, 1:], ones], axis=1))
+    return before * after
+
+
+@lower(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    """CPU's gradients: max/min share a tie's gradient among the extremes (positive gradients only,
+    as CPU does); prod takes the product of the others at a zero or nan."""
+    if lengths is None and offsets is None:
+        raise RuntimeError("segment_reduce(): Either lengths or offsets must be defined.")
+    reduce = _segment_reduction(reduce)
+    kernel = f"_segment_reduce_cpu_{'offsets' if offsets is not None else 'lengths'}_backward_kernel1"
+    x, ids, local, lens, n, _ = _segment_setup(data, lengths, offsets, axis, kernel)
+    x = _acc(x)
+    if n == 0 or x.shape[0] == 0:
+        return jnp.zeros(data.shape, grad.dtype)
+    inside = (ids < n)[:, None]
+    seg = jnp.minimum(ids, n - 1)
+    g = _acc(grad).reshape(n, -1)[seg]
+    if reduce == "sum":
+        gi = g
+    elif reduce == "mean":
+        gi = g / jnp.maximum(lens[seg], 1).astype(g.dtype)
+    elif reduce in ("max", "min"):
+        out = _acc(output).reshape(n, -1)[seg]
+        hit = (jnp.isnan(x) | (x == out)) & inside
+        ties = jax.ops.segment_sum(hit.astype(jnp.int64), ids, n + 1)[seg]
+        gi = jnp.where(hit, jnp.where((ties >= 2) & (g > 0), g / ties.astype(g.dtype), g), 0)
+    else:
+        out = _acc(output).reshape(n, -1)[seg]
+        start = jnp.asarray(1.0 if initial is None else initial, data.dtype).astype(x.dtype)
+        others = _exclusive_segment_prod(x.reshape((*local.shape, -1)), local).reshape(x.shape)
+        special = jnp.isnan(x) | (x == 0)
+        gi = jnp.where(special, g * (start * others), g * out / jnp.where(special, 1, x))
+    return jnp.where(inside, gi, 0).astype(grad.dtype).reshape(data.shape)

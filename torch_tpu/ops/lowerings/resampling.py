@@ -1,12 +1,15 @@
-"""Resampling: upsampling (nearest, linear, cubic) and grid sampling, forward and backward."""
+"""Resampling: upsampling (nearest, linear, cubic, antialiased linear) and grid sampling, forward and backward."""
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from torch_tpu.ops.dtypes import opmath, to_opmath
+from torch_tpu.ops.lowerings.common import HIGHEST
 from torch_tpu.ops.registry import aten, lower
 
 # ---- upsampling -------------------------------------------------------------
@@ -105,6 +108,74 @@ def _upsample_cubic(x, output_size, align_corners, scales):
             total = total + jnp.take(x, index[:, j], axis=axis) * jnp.asarray(weights[:, j].reshape(shape), x.dtype)
         x = total
     return x
+
+
+def _aa_weights(out_size: int, in_size: int, align_corners: bool, scale, dtype) -> np.ndarray:
+    """CPU's antialiased linear weights along one dim, (out, in): a triangle filter whose support grows with
+    the downsampling factor, normalized per output pixel (_compute_indices_min_size_weights_aa)."""
+    t = np.float64 if dtype == np.float64 else np.float32
+    f64 = np.float64
+    if align_corners:
+        s = t(in_size - 1) / t(out_size - 1) if out_size > 1 else t(0)
+    else:
+        s = t(1.0 / scale) if scale is not None and scale > 0 else t(in_size) / t(out_size)
+    support = t(f64(s)) if s >= 1 else t(1.0)  # interp_size / 2 = 1, times the scale when downsampling
+    invscale = t(1.0 / f64(s)) if s >= 1 else t(1.0)
+    max_size = math.ceil(support) * 2 + 1
+    weights = np.zeros((out_size, in_size), t)
+    for i in range(out_size):
+        center = t(f64(s) * (i + 0.5))
+        xmin = max(int(f64(center - support) + 0.5), 0)
+        xsize = min(max(min(int(f64(center + support) + 0.5), in_size) - xmin, 0), max_size)
+        x = t((f64(t(np.arange(xmin, xmin + xsize)) - center) + 0.5) * f64(invscale))
+        w = np.where(np.abs(x) < 1, t(1) - np.abs(x), t(0)).astype(t)
+        total = t(0)
+        for v in w:  # sequential, as the C++ loop
+            total = t(total + v)
+        weights[i, xmin : xmin + xsize] = w / total if total != 0 else w
+    return weights
+
+
+def _aa_int16_weights(weights: np.ndarray) -> tuple[np.ndarray, int]:
+    """uint8's fixed-point weights: the double weights scaled by 2**precision, the largest precision (< 22)
+    whose largest weight still fits int16, rounded half away from zero (_compute_index_ranges_int16_weights)."""
+    wt_max = float(weights.max(initial=0.0))
+    precision = 0
+    while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    v = weights * (1 << precision)
+    return np.where(v < 0, np.trunc(v - 0.5), np.trunc(v + 0.5)).astype(np.int32), precision
+
+
+def _upsample_aa(x, output_size, align_corners, scales):
+    """Separable: the last dim first, then the others; a dim whose size is unchanged is left as is (as on CPU)."""
+    nd = len(output_size)
+    byte = x.dtype == np.uint8
+    y = x.astype(jnp.int32) if byte else x
+    for d in reversed(range(nd)):
+        axis = y.ndim - nd + d
+        if y.shape[axis] == output_size[d]:
+            continue
+        w = _aa_weights(output_size[d], y.shape[axis], align_corners, scales[d], np.float64 if byte else y.dtype)
+        if byte:  # integer accumulation from half an ulp, shifted back and clamped: each pass stores uint8
+            w, precision = _aa_int16_weights(w)
+            y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(w), axes=[[axis], [1]]), -1, axis)
+            y = jnp.clip((y + (1 << precision >> 1)) >> precision, 0, 255)
+        else:
+            y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(w), axes=[[axis], [1]], precision=HIGHEST), -1, axis)
+    return y.astype(x.dtype)
+
+
+@lower(aten._upsample_bilinear2d_aa.default)
+def upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_aa(self, tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lower(aten._upsample_bilinear2d_aa_backward.default)
+def upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_backward(
+        lambda x: _upsample_aa(x, tuple(output_size), align_corners, (scales_h, scales_w)), grad_output, input_size
+    )
 
 
 @lower(aten.upsample_bicubic2d.default)
@@ -274,13 +345,15 @@ def _pad_coord(coord, size, padding_mode, align_corners):
     return coord
 
 
-def _gather2d(input, iy, ix):
-    """input[n, :, iy, ix] with zeros outside; iy/ix (N, Ho, Wo) integer."""
-    H, W = input.shape[-2:]
-    inside = (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-    cy, cx = jnp.clip(iy, 0, H - 1), jnp.clip(ix, 0, W - 1)
-    n = jnp.arange(input.shape[0])[:, None, None]
-    v = input[n, :, cy, cx]  # (N, Ho, Wo, C)
+def _gather(input, *indices):
+    """input[n, :, *indices] with zeros outside; each index (N, *out) integer, one per spatial dim."""
+    inside = True
+    clipped = []
+    for i, size in zip(indices, input.shape[2:]):
+        inside = inside & (i >= 0) & (i < size)
+        clipped.append(jnp.clip(i, 0, size - 1))
+    n = jnp.arange(input.shape[0]).reshape((-1,) + (1,) * (indices[0].ndim - 1))
+    v = input[(n, slice(None), *clipped)]  # (N, *out, C)
     return jnp.moveaxis(jnp.where(inside[..., None], v, 0), -1, 1)
 
 
@@ -312,20 +385,20 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
             for j in range(4):
                 py = _pad_coord(y0 - 1 + i, H, padding_mode, align_corners)
                 px = _pad_coord(x0 - 1 + j, W, padding_mode, align_corners)
-                v = _gather2d(input, py.astype(jnp.int32), px.astype(jnp.int32))
+                v = _gather(input, py.astype(jnp.int32), px.astype(jnp.int32))
                 out = out + v * (wy[i] * wx[j])[:, None]
         return out
     gx = _pad_coord(gx, W, padding_mode, align_corners)
     gy = _pad_coord(gy, H, padding_mode, align_corners)
     if interpolation_mode == _NEAREST:
-        return _gather2d(input, jnp.round(gy).astype(jnp.int32), jnp.round(gx).astype(jnp.int32))
+        return _gather(input, jnp.round(gy).astype(jnp.int32), jnp.round(gx).astype(jnp.int32))
     x0, y0 = jnp.floor(gx), jnp.floor(gy)
     tx, ty = gx - x0, gy - y0
     x0i, y0i = x0.astype(jnp.int32), y0.astype(jnp.int32)
     out = 0
     for dy, wy in ((0, 1 - ty), (1, ty)):
         for dx, wx in ((0, 1 - tx), (1, tx)):
-            out = out + _gather2d(input, y0i + dy, x0i + dx) * (wy * wx)[:, None]
+            out = out + _gather(input, y0i + dy, x0i + dx) * (wy * wx)[:, None]
     return out
 
 
@@ -334,12 +407,52 @@ def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners
     return _grid_sample(to_opmath(input), to_opmath(grid), interpolation_mode, padding_mode, align_corners)
 
 
-@lower(aten.grid_sampler_2d_backward.default)
-def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    _, vjp = jax.vjp(
-        lambda x, g: _grid_sample(x, g, interpolation_mode, padding_mode, align_corners),
-        to_opmath(input),
-        to_opmath(grid),
-    )
+def _sampler_backward(sample, grad_output, input, grid, output_mask):
+    """(grad_input, grad_grid) of `sample(input, grid)`, the outputs output_mask asks for."""
+    _, vjp = jax.vjp(sample, to_opmath(input), to_opmath(grid))
     grad_input, grad_grid = vjp(to_opmath(grad_output))
     return grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None
+
+
+@lower(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    def sample(x, g):
+        return _grid_sample(x, g, interpolation_mode, padding_mode, align_corners)
+
+    return _sampler_backward(sample, grad_output, input, grid, output_mask)
+
+
+def _grid_sample_3d(input, grid, interpolation_mode, padding_mode, align_corners):
+    """Trilinear or nearest sampling of (N, C, D, H, W) at grid's (x, y, z) points (CPU has no
+    bicubic in 3-D)."""
+    sizes = input.shape[-3:]
+    gz, gy, gx = (
+        _pad_coord(_unnormalize(grid[..., axis], size, align_corners), size, padding_mode, align_corners)
+        for axis, size in zip((2, 1, 0), sizes)
+    )
+    if interpolation_mode == _NEAREST:
+        return _gather(input, *(jnp.round(g).astype(jnp.int32) for g in (gz, gy, gx)))
+    z0, y0, x0 = jnp.floor(gz), jnp.floor(gy), jnp.floor(gx)
+    tz, ty, tx = gz - z0, gy - y0, gx - x0
+    z0i, y0i, x0i = (v.astype(jnp.int32) for v in (z0, y0, x0))
+    out = 0
+    for dz, wz in ((0, 1 - tz), (1, tz)):
+        for dy, wy in ((0, 1 - ty), (1, ty)):
+            for dx, wx in ((0, 1 - tx), (1, tx)):
+                out = out + _gather(input, z0i + dz, y0i + dy, x0i + dx) * (wz * wy * wx)[:, None]
+    return out
+
+
+@lower(aten.grid_sampler_3d.default)
+def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
+    if interpolation_mode == _BICUBIC:
+        raise RuntimeError("grid_sampler(): bicubic interpolation only supports 4D input")
+    return _grid_sample_3d(to_opmath(input), to_opmath(grid), interpolation_mode, padding_mode, align_corners)
+
+
+@lower(aten.grid_sampler_3d_backward.default)
+def grid_sampler_3d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    def sample(x, g):
+        return _grid_sample_3d(x, g, interpolation_mode, padding_mode, align_corners)
+
+    return _sampler_backward(sample, grad_output, input, grid, output_mask)
