@@ -11,6 +11,8 @@ on that: its executable for contiguous inputs is then found again. Counted as
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import numpy as np
 import torch
@@ -28,9 +30,16 @@ MAX_BUFFER = 1 << 16
 _seen: dict[tuple, set] = {}  # (op, signature with views reduced to (sizes, dtype)) -> view placements seen
 
 
+def _row_major(t: torch.Tensor) -> bool:
+    """Whether t's dims (of size > 1) lie in row-major order in memory. A contiguous copy keeps
+    the layout ops give their results only then: clone or x + 1 of `x.t()` keep it transposed."""
+    strides = [s for n, s in zip(t.shape, t.stride()) if n != 1]
+    return all(a > b for a, b in itertools.pairwise(strides))
+
+
 def _small_view(t: torch.Tensor):
     """(buffer, geometry) if t is a small plain view (not its whole buffer) we may gather, else None."""
-    if t.is_conj() or t.is_neg() or t.numel() > MAX_ELEMENTS:
+    if t.is_conj() or t.is_neg() or t.numel() > MAX_ELEMENTS or not _row_major(t):
         return None
     buf = buffer_of(t)
     if buf.ndim != 1 or buf.size > MAX_BUFFER:

@@ -8,33 +8,44 @@ import torch
 from torch_tpu import metrics
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
-from torch_tpu.ops.tensors import to_jax, write_jax
+from torch_tpu.ops.tensors import reshape, to_jax, write_jax
 from torch_tpu.runtime import client
 from torch_tpu.runtime.global_arrays import host_value
 
 # numpy cannot hold these torch dtypes; they travel as same-width integers.
 _BIT_CARRIERS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
+_NUMPY_MAX_DIMS = 64
 
 
 def cpu_to_jax(t: torch.Tensor, device: int) -> jax.Array:
     """A copy of a CPU tensor on a tpu device."""
     metrics.bump("host_transfers")
+    dtype = to_numpy_dtype(t.dtype)  # raises for a dtype tpu tensors cannot hold (complex32)
     t = t.detach().contiguous().resolve_conj().resolve_neg()
+    shape = tuple(t.shape)
+    if len(shape) > _NUMPY_MAX_DIMS:  # numpy holds up to 64 dims, torch and XLA more: travel flat
+        t = t.reshape(-1)
     carrier = _BIT_CARRIERS.get(t.dtype)
     array = (t.view(carrier) if carrier else t).numpy().copy()
     if carrier:
-        array = array.view(to_numpy_dtype(t.dtype))
-    return jax.device_put(array, client.jax_device(device))
+        array = array.view(dtype)
+    value = jax.device_put(array, client.jax_device(device))
+    return reshape(value, shape) if len(shape) > _NUMPY_MAX_DIMS else value
 
 
 def jax_to_cpu(array: jax.Array) -> torch.Tensor:
     metrics.bump("host_transfers")
+    shape = tuple(array.shape)
+    if len(shape) > _NUMPY_MAX_DIMS:
+        array = reshape(array, (-1,))
     host = host_value(array)
     torch_dtype = to_torch_dtype(host.dtype)
     carrier = _BIT_CARRIERS.get(torch_dtype)
     if carrier:
-        return torch.from_numpy(host.view(to_numpy_dtype(carrier)).copy()).view(torch_dtype)
-    return torch.from_numpy(host.copy() if not host.flags.writeable else host)
+        t = torch.from_numpy(host.view(to_numpy_dtype(carrier)).copy()).view(torch_dtype)
+    else:
+        t = torch.from_numpy(host.copy() if not host.flags.writeable else host)
+    return t.reshape(shape) if len(shape) > _NUMPY_MAX_DIMS else t
 
 
 def _copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:

@@ -252,6 +252,12 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     return out.copy_(self, non_blocking)
 
 
+@lower(torch.ops.prims.convert_element_type.default, graph_only=True)
+def convert_element_type(out, a, dtype):
+    """What dynamo's float tensorifying inserts around a traced Python float (`x * v`)."""
+    return cast(a, to_numpy_dtype(dtype))
+
+
 def _tri_indices(fn, row, col, offset):
     rows, cols = fn(row, offset, col)
     return jnp.asarray(np.stack([rows, cols]).reshape(2, -1), jnp.int64)

@@ -25,6 +25,7 @@ from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
 from torch_tpu.ops.checks import Failure, check_ranges, first_outside, range_check, to_host
 from torch_tpu.ops.dtypes import type_name
+from torch_tpu.ops.promotion import cast
 from torch_tpu.ops.registry import Check, Lowering, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
 from torch_tpu.runtime import executable_cache
@@ -249,10 +250,27 @@ def _index_update(x, dim, index, value, how):
     return (ref.max(value) if x.dtype == jnp.bool_ else ref.add(value)).reshape(shape)
 
 
-@lower(aten.index_add.default, check=_argument_checks(_index_add_args, range_check(False)))
+def _integer_alpha(check: Check) -> Check:
+    """CPU truncates a float alpha for an integer self (meta would raise): the call continues with int(alpha)."""
+
+    def host(self, *args, **kwargs):
+        alpha = kwargs.get("alpha")
+        if isinstance(alpha, float) and not (self.is_floating_point() or self.is_complex() or self.dtype == torch.bool):
+            kwargs = {**kwargs, "alpha": int(alpha)}
+        replaced = check.host(self, *args, **kwargs)
+        return ((self, *args), kwargs) if replaced is None else replaced
+
+    return Check(host, check.graph)
+
+
+@lower(
+    aten.index_add.default,
+    check=_integer_alpha(_argument_checks(_index_add_args, range_check(False))),
+    traced=("alpha",),
+)
 def index_add(x, dim, index, source, *, alpha=1):
-    if alpha != 1:
-        source = source * alpha
+    if not isinstance(alpha, int) or alpha != 1:  # CPU's alpha.to<scalar_t>() times each source value
+        source = source * cast(alpha, source.dtype)
     return _index_update(x, dim, index, source, "add")
 
 
@@ -326,7 +344,9 @@ def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     src = source.reshape(-1).astype(x.dtype)
     ref = flat.at[index.reshape(-1)]
-    return (ref.add(src) if accumulate else ref.set(src)).reshape(x.shape)
+    if not accumulate:
+        return ref.set(src).reshape(x.shape)
+    return (ref.max(src) if x.dtype == jnp.bool_ else ref.add(src)).reshape(x.shape)  # bool: logical or
 
 
 # ---- nonzero and masks ---------------------------------------------------------------

@@ -119,6 +119,8 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
 
 @lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
 def bucketize(self, boundaries, *, out_int32=False, right=False):
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
     return _searchsorted(boundaries, _value(self, boundaries), right, None, out_int32)
 
 
