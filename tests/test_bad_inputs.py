@@ -512,6 +512,11 @@ _RANDOM = {
     "multinomial/int": lambda d: torch.multinomial(_t([1, 2], d), 1),
     "multinomial/3d": lambda d: torch.multinomial(_r(2, 2, 2, dev=d).abs(), 1),
     "multinomial/zero_samples_ok_negative": lambda d: torch.multinomial(_t([0.5, 0.5], d), -1),
+    # valid probabilities: the argument checks must not depend on the data checks
+    "multinomial/zero_samples": lambda d: torch.multinomial(_t([0.5, 0.5], d), 0),
+    "multinomial/float_out": lambda d: torch.multinomial(
+        _t([0.5, 0.5], d), 1, out=torch.empty(1, dtype=torch.float64, device=d)
+    ),
     "bernoulli/p_above_one": lambda d: torch.bernoulli(torch.zeros(3, device=d), p=1.5),
     "bernoulli/p_negative": lambda d: torch.bernoulli(torch.zeros(3, device=d), p=-0.5),
     "bernoulli/tensor_p": lambda d: torch.bernoulli(_t([1.5, 0.5], d)),

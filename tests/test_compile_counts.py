@@ -54,6 +54,15 @@ CASES = {
     "scatter_value_reduce": lambda x, y, m, v: x.scatter(
         0, torch.tensor([3, 0, 3], device=x.device), v, reduce="multiply"
     ),
+    "softshrink": lambda x, y, m, v: F.softshrink(x, v),
+    "hardshrink": lambda x, y, m, v: F.hardshrink(x, v),
+    "softshrink_backward": lambda x, y, m, v: torch.ops.aten.softshrink_backward(y, x, v),
+    "hardshrink_backward": lambda x, y, m, v: torch.ops.aten.hardshrink_backward(y, x, v),
+    "index_add_alpha": lambda x, y, m, v: x.index_add(0, torch.tensor([3, 0, 3], device=x.device), y[:3], alpha=v),
+    "index_add_alpha_": lambda x, y, m, v: x.clone().index_add_(
+        0, torch.tensor([1, 2], device=x.device), y[:2], alpha=v
+    ),
+    "addr": lambda x, y, m, v: torch.addr(x[:16].view(4, 4), y[:4], x[4:8], beta=v, alpha=2 * v),
     "addmm": lambda x, y, m, v: torch.addmm(x[:16].view(4, 4), y[:16].view(4, 4), x[16:32].view(4, 4), beta=v),
     "addmm_alpha": lambda x, y, m, v: torch.addmm(
         x[:16].view(4, 4), y[:16].view(4, 4), x[16:32].view(4, 4), beta=-v, alpha=v
@@ -84,6 +93,11 @@ NEAR = {
 # XLA's dots sum in another order than CPU's gemm, and its bf16 scatter-multiply rounds once per
 # pair of updates (traced or not): torch's default tolerances.
 CLOSE = {"addmm", "addmm_alpha", "addmv", "baddbmm", "addbmm", "scatter_value_reduce"}
+
+
+# addr runs as torch's composite (outer, mul, add), not CPU's one fused loop: bf16 rounds in
+# another order, within a few ulps of the result's scale.
+COMPOSITE = {"addr"}
 
 
 def _compiles() -> int:
@@ -120,6 +134,9 @@ def test_scalar_values_compile_once(name, dtype):
     for got, want in pairs:
         if name in CLOSE:
             torch.testing.assert_close(got, want)
+        elif name in COMPOSITE:
+            scale = want.abs().max().item()
+            torch.testing.assert_close(got, want, rtol=0, atol=4 * torch.finfo(dtype).eps * scale)
         elif (name, dtype) in NEAR:
             torch.testing.assert_close(got, want, rtol=3e-7, atol=0)
         else:
@@ -164,6 +181,12 @@ def test_traced_pow_special_exponents_match_cpu(dtype):
         ("threshold", torch.int32, [2, 3, -7]),
         ("hardtanh", torch.float64, [0.1, 0.7, 2.5]),
         ("leaky_relu", torch.float64, [0.1, 0.7, -0.3]),
+        ("index_add_alpha", torch.int32, [2, 3, -7]),
+        ("index_add_alpha", torch.int64, [2.5, -1.7, 0.5]),  # CPU truncates a float alpha
+        ("index_add_alpha_", torch.int16, [2.5, -1.7, 0.5]),
+        ("softshrink", torch.float64, [0.1, 0.7, 2.5]),
+        ("hardshrink", torch.float16, [0.1, 0.7, 2.5]),
+        ("addr", torch.int64, [2, 3, -5]),
     ],
 )
 def test_scalar_values_other_dtypes_match_cpu(name, dtype, values):
@@ -171,6 +194,54 @@ def test_scalar_values_other_dtypes_match_cpu(name, dtype, values):
     assert recompiles == 0
     for got, want in pairs:
         _exact(got, want)
+
+
+FOREACH = {
+    "add_scalar": lambda xs, ys, zs, v: torch._foreach_add(xs, v),
+    "add_scalar_list": lambda xs, ys, zs, v: torch._foreach_add(xs, [v, -v]),
+    "sub_scalar_list": lambda xs, ys, zs, v: torch._foreach_sub(xs, [v, 2 * v]),
+    "mul_scalar": lambda xs, ys, zs, v: torch._foreach_mul(xs, v),
+    "mul_scalar_list": lambda xs, ys, zs, v: torch._foreach_mul(xs, [v, 2 * v]),
+    "div_scalar_list": lambda xs, ys, zs, v: torch._foreach_div(xs, [v, 3 * v]),
+    "addcmul_value": lambda xs, ys, zs, v: torch._foreach_addcmul(xs, ys, zs, v),
+    "addcdiv_scalar_list": lambda xs, ys, zs, v: torch._foreach_addcdiv(xs, ys, zs, [v, -v]),
+    "maximum_scalar": lambda xs, ys, zs, v: torch._foreach_maximum(xs, v),
+    "clamp_max_scalar_list": lambda xs, ys, zs, v: torch._foreach_clamp_max(xs, [v, 2 * v]),
+    "lerp_scalar": lambda xs, ys, zs, v: torch._foreach_lerp(xs, ys, v / 4),
+    "lerp_scalar_list": lambda xs, ys, zs, v: torch._foreach_lerp(xs, ys, [v / 4, 1 - v / 4]),
+    "lerp_scalar_": lambda xs, ys, zs, v: _inplace(lambda out, w: torch._foreach_lerp_(out, ys, w), xs, v / 4),
+    "add_scalar_": lambda xs, ys, zs, v: _inplace(torch._foreach_add_, xs, v),
+    "mul_scalar_list_": lambda xs, ys, zs, v: _inplace(torch._foreach_mul_, xs, [v, 2 * v]),
+    "sub_scalar_list_": lambda xs, ys, zs, v: _inplace(torch._foreach_sub_, xs, [v, -v]),
+    "div_scalar_": lambda xs, ys, zs, v: _inplace(torch._foreach_div_, xs, v),
+}
+
+
+def _inplace(op, xs, scalars):
+    out = [x.clone() for x in xs]
+    op(out, scalars)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(FOREACH))
+def test_foreach_scalars_compile_once(name, dtype):
+    """_foreach_* Scalar and Scalar[] arguments are traced too (CPU's rounding of each kept)."""
+    g = torch.Generator().manual_seed(5)
+    lists = [[(torch.rand(64, generator=g) * 3 + 0.5).to(dtype), (torch.randn(8, 8, generator=g)).to(dtype)]]
+    lists += [[(torch.rand(s, generator=g) + 0.5).to(dtype) for s in ((64,), (8, 8))] for _ in range(2)]
+    on_tpu = [[t.to("tpu") for t in ts] for ts in lists]
+    fn = FOREACH[name]
+    fn(*on_tpu, VALUES[0])
+    before = _compiles()
+    for v in VALUES[1:]:
+        got = [t.cpu() for t in fn(*on_tpu, v)]
+        for a, e in zip(got, fn(*lists, v)):
+            if name.startswith("div") and dtype == torch.float32:  # XLA divides by a scalar via its reciprocal
+                torch.testing.assert_close(a, e, rtol=3e-7, atol=0)
+            else:
+                _exact(a, e)
+    assert _compiles() == before
 
 
 @pytest.mark.parametrize("op", ["addmm", "addmv", "baddbmm", "addbmm"])
@@ -269,3 +340,27 @@ def test_op_cache_size_env_bounds_the_dispatcher_cache(monkeypatch):
 
     assert len(dispatcher._cache) <= 3
     assert torch_tpu.metrics.counters()["op_cache_evictions"] > before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_mode_python_float_is_a_graph_input(dtype):
+    """Dynamo turns a changing Python float into a graph input (a CPU scalar tensor cast with
+    prims.convert_element_type): one graph for every later value, no op left to run eagerly."""
+    torch._dynamo.reset()
+
+    def f(x, v):
+        return x * v + v - x / v
+
+    compiled = torch.compile(f, backend="tpu")
+    x = (torch.randn(64, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    xt = x.to("tpu")
+    compiled(xt, VALUES[0])  # dynamo specializes the first value, then marks it dynamic
+    compiled(xt, VALUES[1])
+    before = torch_tpu.metrics.counters()
+    for v in VALUES[2:]:
+        got, want = compiled(xt, v).cpu(), f(x, v)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+    after = torch_tpu.metrics.counters()
+    assert after["graph_compiles"] == before["graph_compiles"]
+    assert after.get("graph_eager_ops", 0) == before.get("graph_eager_ops", 0)

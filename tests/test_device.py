@@ -306,3 +306,19 @@ def test_module_to_keeps_parameters_and_tied_weights(no_fallbacks):
     torch.testing.assert_close(params[0].cpu(), cpu_model["embed"].weight)
     model.to("cpu", torch.float64)
     assert params[0].device.type == "cpu" and params[0].dtype == torch.float64 and model["head"].weight is params[0]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(3, dtype=torch.chalf, device="tpu"),
+        lambda: torch.zeros(3, dtype=torch.chalf).to("tpu"),
+        lambda: torch.empty(3, dtype=torch.chalf, device="tpu").cpu(),
+    ],
+)
+def test_complex32_is_refused_with_one_clear_error(make):
+    """XLA has no complex32: every way in gives the same TypeError (not a KeyError or numpy's)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "ComplexHalf support is experimental"
+        with pytest.raises(TypeError, match=r"tpu tensors do not support dtype torch\.complex32"):
+            make()

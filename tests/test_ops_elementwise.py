@@ -823,3 +823,20 @@ def test_integer_division_by_nonzero_matches_cpu():
     a, b = torch.tensor([5, -7, 9]), torch.tensor([2, -3, 4])
     for fn in (lambda a, b: a // b, lambda a, b: a % b, lambda a, b: torch.fmod(a, b)):
         torch.testing.assert_close(fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_division_by_a_scalar_or_broadcast_rounds_as_cpu(dtype):
+    """XLA would divide by a broadcast divisor as a product by its reciprocal (an ulp off for
+    about one element in five): every quotient must be CPU's, bit for bit."""
+    x = (torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 10).to(dtype)
+    row = torch.arange(1, 101, dtype=dtype)
+    cases = {
+        "python scalar": lambda t, r: t / 3.3,
+        "0-dim tensor": lambda t, r: t / torch.tensor(3.3, dtype=dtype, device=t.device),
+        "row broadcast": lambda t, r: t.reshape(200, 100) / r,
+        "in place": lambda t, r: t.clone().div_(3.3),
+        "foreach": lambda t, r: torch._foreach_div([t], 3.3)[0],
+    }
+    for name, fn in cases.items():
+        assert torch.equal(fn(x.to("tpu"), row.to("tpu")).cpu(), fn(x, row)), name

@@ -33,6 +33,17 @@ def test_a_moving_view_compiles_its_readers_once():
     assert counters["op_compiles"] <= 12 + 2
 
 
+def test_a_transposed_view_keeps_its_layout_through_ops():
+    """A permuted view is not gathered into a contiguous copy: clone and elementwise ops keep its
+    layout, as on CPU, whatever views of its shape ran before."""
+    for device in ("cpu", "tpu"):
+        a = torch.arange(12.0).reshape(3, 4).to(device)
+        assert a[:, 1::2].clone().stride() == (2, 1)  # a (3, 2) view at one placement
+        x = torch.arange(6.0).view(2, 3).to(device)
+        assert x.t().clone().stride() == (1, 3)  # the same shape at another: still transposed
+        assert (x.t() + 1).stride() == (1, 3)
+
+
 def test_writes_through_a_moving_view_still_land():
     expected = torch.zeros(1, 16)
     got = torch.zeros(1, 16).to("tpu")
@@ -44,7 +55,10 @@ def test_writes_through_a_moving_view_still_land():
 
 
 def test_eager_ops_compile_cheaper_on_the_cpu_client(monkeypatch):
-    assert executable_cache.op_compile_options() == {"xla_cpu_parallel_codegen_split_count": 1}
+    assert executable_cache.op_compile_options() == {
+        "xla_cpu_parallel_codegen_split_count": 1,
+        "xla_cpu_use_fusion_emitters": False,
+    }
     monkeypatch.setenv("TORCH_TPU_FAST_OP_COMPILE", "0")
     assert executable_cache.op_compile_options() is None
     x = torch.randn(300, 300)
