@@ -1,6 +1,8 @@
 #include "csrc/device_buffer.h"
 
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
@@ -212,6 +214,22 @@ BufferView view_of(const c10::Storage& storage) {
 }
 
 DeviceBuffer& buffer_of(const c10::Storage& storage) { return *view_of(storage).buffer; }
+
+at::Tensor wrap_array(PyObject* array, const std::vector<int64_t>& sizes, c10::ScalarType dtype, int device) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) {
+    numel *= s;
+  }
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate_buffer(device, nbytes), tpu_allocator(),
+                       /*resizable=*/true);
+  static_cast<DeviceBuffer*>(storage.data_ptr().get_context())->set_array(array, dtype, numel);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                         c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return t;
+}
 
 void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
   TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");

@@ -1,6 +1,7 @@
 // The device buffer handle: what a tpu storage's DataPtr owns.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <Python.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/ScalarType.h>
@@ -8,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace torch_tpu {
 
@@ -76,6 +78,10 @@ struct BufferView {
 // Throws if neither.
 BufferView view_of(const c10::Storage& storage);
 DeviceBuffer& buffer_of(const c10::Storage& storage);  // view_of(storage).buffer
+
+// A new contiguous tpu tensor on `device` whose storage holds `array` (flat, numel long).
+// Caller holds the GIL.
+at::Tensor wrap_array(PyObject* array, const std::vector<int64_t>& sizes, c10::ScalarType dtype, int device);
 
 // Gives `storage` `new_nbytes` bytes, keeping its array (reads pad or trim).
 void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);

@@ -15,6 +15,7 @@
 #include "csrc/core/device_registry.h"
 #include "csrc/device.h"
 #include "csrc/device_buffer.h"
+#include "csrc/eager_kernel.h"
 #include "csrc/profiler.h"
 
 namespace py = pybind11;
@@ -76,23 +77,6 @@ py::object arg_info(const py::handle& obj) {
                                     reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()))));
   }
   return py::make_tuple(static_cast<int>(t.device().index()), array, key);
-}
-
-// A new contiguous tpu tensor whose storage holds `array` (flat, numel long).
-at::Tensor wrap(const py::handle& array, std::vector<int64_t> sizes, at::ScalarType dtype, int device) {
-  int64_t numel = 1;
-  for (int64_t s : sizes) {
-    numel *= s;
-  }
-  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate_buffer(device, nbytes), tpu_allocator(),
-                       /*resizable=*/true);
-  static_cast<DeviceBuffer*>(storage.data_ptr().get_context())->set_array(array.ptr(), dtype, numel);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
-                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                         c10::scalarTypeToTypeMeta(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  return t;
 }
 
 py::dict memory_stats(int device) {
@@ -160,7 +144,11 @@ PYBIND11_MODULE(_C, m) {
     set_lazy_hook(type.is_none() ? nullptr : type.ptr(), type.is_none() ? nullptr : resolver.ptr());
   }, py::arg("type"), py::arg("resolver"));
   m.def("_set_lazy_recording", &set_lazy_recording, py::arg("on"));
-  m.def("_wrap", &wrap, py::arg("array"), py::arg("sizes"), py::arg("dtype"), py::arg("device"));
+  m.def("_wrap", [](const py::handle& array, const std::vector<int64_t>& sizes, at::ScalarType dtype, int device) {
+    return wrap_array(array.ptr(), sizes, dtype, device);
+  }, py::arg("array"), py::arg("sizes"), py::arg("dtype"), py::arg("device"));
+
+  init_eager_kernels(m);
 
   m.def("_memory_stats", &memory_stats, py::arg("device"));
   m.def("_reset_peak_memory_stats", [](int d) { core::BufferRegistry::instance().reset_peak(d); });

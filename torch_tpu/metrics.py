@@ -43,9 +43,18 @@ def compile_seconds() -> dict[str, float]:
     return dict(_compile_seconds)
 
 
+def _native_counts() -> dict[str, int]:
+    """The C++ eager path's counters (csrc/eager_kernel.cc): its cache hits and executions."""
+    from torch_tpu import _C
+
+    hits, executions = _C._eager_counters()
+    return {"op_cache_hits": hits, "executions": executions}
+
+
 def counters() -> dict:
     """A snapshot: the integer counters plus "cpu_fallback_ops" (op name -> count)."""
-    snapshot: dict = {key: _counts[key] for key in _COUNTER_KEYS}
+    native = _native_counts()
+    snapshot: dict = {key: _counts[key] + native.get(key, 0) for key in _COUNTER_KEYS}
     for key, value in _counts.items():
         snapshot.setdefault(key, value)
     snapshot["cpu_fallback_ops"] = dict(_fallback_ops)
@@ -53,6 +62,9 @@ def counters() -> dict:
 
 
 def reset() -> None:
+    from torch_tpu import _C
+
+    _C._reset_eager_counters()
     _counts.clear()
     _fallback_ops.clear()
     _compile_seconds.clear()

@@ -29,7 +29,7 @@ def install() -> None:
                 continue
             if registry.is_composite_implicit(op):
                 raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower what it decomposes into")
-            lib.impl(op, dispatcher.make_kernel(op, lowering, derived=False), key)
+            dispatcher.register_kernel(lib, op, lowering, False, key)
     table = registry.table()
     for op, lowering in table.items():
         if lowering.eager or lowering.graph_only or op.namespace != "aten":
@@ -39,10 +39,10 @@ def install() -> None:
         inplace = registry.inplace_variant(op)
         if inplace is not None and inplace not in table:
             checked = dataclasses.replace(lowering, check=checks.inplace_cast_check(inplace, lowering.check))
-            lib.impl(inplace, dispatcher.make_kernel(inplace, checked, derived=True), "PrivateUse1")
+            dispatcher.register_kernel(lib, inplace, checked, True, "PrivateUse1")
         out = registry.out_variant(op)
         if out is not None and out not in table:
-            lib.impl(out, dispatcher.make_kernel(out, lowering, derived=True), "PrivateUse1")
+            dispatcher.register_kernel(lib, out, lowering, True, "PrivateUse1")
     _math_bit_fallthroughs(lib)
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(_boxed_fallback, dispatch_key="PrivateUse1")

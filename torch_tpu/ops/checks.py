@@ -17,7 +17,7 @@ import torch
 
 from torch_tpu import metrics
 from torch_tpu.ops.dtypes import type_name
-from torch_tpu.ops.registry import Check
+from torch_tpu.ops.registry import Check, SignatureCheck
 from torch_tpu.ops.tensors import to_jax
 from torch_tpu.runtime import executable_cache
 from torch_tpu.runtime.global_arrays import host_value
@@ -205,4 +205,4 @@ def inplace_cast_check(op, check: Callable | None) -> Callable | None:
                 )
         return None if check is None else check(self, other, *args, **kwargs)
 
-    return cast_check
+    return SignatureCheck(cast_check) if check is None or isinstance(check, SignatureCheck) else cast_check

@@ -28,7 +28,7 @@ from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import growing, precision, spmd, storage_locks, tensors, view_gathers
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.geometry import check_no_internal_overlap
-from torch_tpu.ops.registry import Lowering
+from torch_tpu.ops.registry import Lowering, SignatureCheck
 from torch_tpu.ops.rng import key_data, key_from_data_jit
 from torch_tpu.ops.schema import OpPlan, call_lowering, call_schema, conform_tree, flatten_values
 from torch_tpu.ops.tensors import apply_bits, buffer_of, math_bits, tensor_geometry
@@ -188,6 +188,7 @@ def _meta_device(x):
 class _Entry:
     __slots__ = (
         "compiled",
+        "fast",
         "fresh_layout",
         "fresh_meta",
         "lazy_avals",
@@ -202,6 +203,7 @@ class _Entry:
         self.run = run
         self.traceable = None  # the jitted lowering (lazy mode traces it); None for a loaded executable
         self.compiled = False  # run has been called (jax compiled it); lazy mode only traces it
+        self.fast = None  # what the C++ path needs (fresh output specs, self's spec), or False
         self.lazy_avals = None  # the flat results' shapes, for lazy mode
         self.fresh_meta = fresh_meta
         self.fresh_layout = _fresh_layout(fresh_meta)  # meta strides where the buffer is laid out with them
@@ -403,9 +405,49 @@ def _describe(sig: tuple) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
-    """The PrivateUse1 kernel of `op`, registered with torch.library."""
+def register_kernel(lib: torch.library.Library, op: OpOverload, lowering: Lowering, derived: bool, key: str) -> None:
+    """Registers `op`'s tpu kernel on dispatch key `key`: behind the C++ steady-state path
+    (csrc/eager_kernel.cc) where the op can take it, else the Python kernel alone."""
     plan = OpPlan(op, derived)
+    kernel = make_kernel(op, lowering, derived, plan)
+    fast = _fast_path_form(plan, lowering, key)
+    if fast is None:
+        lib.impl(op, kernel, key)
+        return
+    traced = [i for i, _ in plan.traced_scalars(lowering.traced)]
+    schema = op._schema
+    inplace = fast == "inplace"
+    _C._register_eager_kernel(
+        plan.label, schema.name, schema.overload_name, kernel, traced, inplace, storage_locks.table()
+    )
+
+
+def _fast_path_form(plan: OpPlan, lowering: Lowering, key: str) -> str | None:
+    """ "functional" (fresh tensors out) or "inplace" (writes self, returns it) for an op the C++
+    path can run on a hit: a jit lowering with no host check but a signature check, no
+    randomness, no growing-length path and no out= tensors. None for the others."""
+    if (
+        key != "PrivateUse1"
+        or lowering.eager
+        or (lowering.check is not None and not isinstance(lowering.check, SignatureCheck))
+        or lowering.random
+        or (lowering.growing is not None and not plan.derived)
+        or plan.out_names
+        or plan.generator_index is not None
+    ):
+        return None
+    returns = plan.op._schema.returns
+    tensors_out = all(str(r.type) == "Tensor" and kind == "fresh" for r, (kind, _) in zip(returns, plan.returns))
+    if not plan.mutable and returns and tensors_out:
+        return "functional"
+    if plan.mutable == [0] and plan.returns == [("arg", 0)] and str(plan.op._schema.arguments[0].type) == "Tensor":
+        return "inplace"
+    return None
+
+
+def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan | None = None) -> Callable:
+    """The Python kernel of `op` on tpu tensors: what torch.library calls, or the C++ path on a miss."""
+    plan = plan or OpPlan(op, derived)
     traced = plan.traced_scalars(lowering.traced)
     check = lowering.check
     if check is not None and derived and plan.out_names and not _takes_outs(check, plan.out_names):
@@ -499,6 +541,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
                 if spmd.layer is not None:
                     buf = spmd.layer.keep_layout(_C._get_buffer(t), buf)
                 _C._set_buffer(t, buf, *spec)
+        if entry.fast is not False and spmd.layer is None and tensors.lazy is None:
+            _offer(plan, bound, entry)
         results = []
         for kind, i in plan.returns:
             results.append(fresh[i] if kind == "fresh" else bound[i])
@@ -508,6 +552,28 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool) -> Callable:
 
     kernel.__name__ = f"tpu_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
+
+
+def _offer(plan: OpPlan, bound: list, entry: _Entry) -> None:
+    """Offers `entry`'s executable to the C++ path for the call that missed (it takes it only
+    when this call is the one its kernel is running, unchanged)."""
+    run = getattr(entry.run, "_call", None)  # the compiled executable's C++ call
+    if run is None:
+        return
+    if entry.fast is None:
+        fresh = []
+        for m, strides in zip(entry.fresh_meta, entry.fresh_layout):
+            if not isinstance(m, torch.Tensor):  # a list or None result: the Python path
+                entry.fast = False
+                return
+            fresh.append((tuple(m.shape), strides, m.dtype))
+        specs = entry.mutable_specs or []
+        if entry.out_tree.num_leaves != len(fresh) + len(specs) or len(specs) > 1:
+            entry.fast = False
+            return
+        entry.fast = (fresh, specs[0] if specs else None)
+    fresh, self_spec = entry.fast
+    _C._offer_eager_entry(plan.label, bound, run, fresh, self_spec, executable_cache.op_cache_size())
 
 
 def _storage_locked(plan: OpPlan, fn: Callable) -> Callable:

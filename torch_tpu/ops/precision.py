@@ -18,8 +18,13 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from torch_tpu import _C
+
 _LEVELS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
 
+
+# at::Float32MatmulPrecision's values
+_ENUM = {"highest": 0, "high": 1, "medium": 2}
 
 _override = threading.local()
 
@@ -36,10 +41,12 @@ def overridden(value: str):
         raise ValueError(f"matmul precision {value!r} is not one of {', '.join(_LEVELS)}")
     previous = getattr(_override, "level", None)
     _override.level = value
+    _C._set_matmul_precision_override(_ENUM[value])  # the C++ eager path's key holds it too
     try:
         yield
     finally:
         _override.level = previous
+        _C._set_matmul_precision_override(None if previous is None else _ENUM[previous])
 
 
 def cache_key() -> str:

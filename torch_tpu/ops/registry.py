@@ -36,6 +36,24 @@ class Check:
     graph: Callable | None = None
 
 
+class SignatureCheck:
+    """A host check whose outcome the call's signature decides (shapes, dtypes and the types of
+    numbers, not their values): the C++ eager path runs it once per signature, on the miss."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def signature_check(fn: Callable) -> SignatureCheck:
+    """Declares host check `fn` a signature check (see SignatureCheck)."""
+    return SignatureCheck(fn)
+
+
 @dataclasses.dataclass(frozen=True)
 class Lowering:
     fn: Callable

@@ -15,6 +15,7 @@ class OpPlan:
     def __init__(self, op: OpOverload, derived: bool):
         schema = op._schema
         self.op = op
+        self.label = str(op)  # names the op to the C++ path
         self.derived = derived  # lowering is the functional op; outputs go to mutable args
         self.arg_names = [a.name for a in schema.arguments]
         self.kwarg_only = {a.name for a in schema.arguments if a.kwarg_only}

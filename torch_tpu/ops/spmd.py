@@ -28,3 +28,6 @@ def install(placement: Placement) -> None:
     """Makes `placement` the SPMD layer of every later eager op."""
     global layer
     layer = placement
+    from torch_tpu import _C
+
+    _C._set_eager_fast_path(False)  # placement runs in Python, per op

@@ -94,6 +94,11 @@ class held:
             self._taken.pop().release()
 
 
+def table() -> dict[int, threading.RLock]:
+    """The lock table itself, for the C++ eager path (csrc/eager_kernel.cc takes existing locks)."""
+    return _locks
+
+
 def held_count() -> int:
     """How many storage locks some thread holds now (tests check none leak)."""
     with _making:

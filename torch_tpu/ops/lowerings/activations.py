@@ -19,7 +19,7 @@ from torch_tpu.ops.promotion import (
     cast,
     float_args,
 )
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import aten, lower, signature_check
 
 # ---- softmax ----------------------------------------------------------------
 
@@ -41,7 +41,7 @@ def _softmax_check(name: str):
             kernel = f"{name}_lastdim_kernel_impl" if last else f"{name}_kernel_impl"
             raise NotImplementedError(f"\"{kernel}\" not implemented for '{type_name(self.dtype)}'")
 
-    return check
+    return signature_check(check)
 
 
 @lower(aten._softmax.default, check=_softmax_check("softmax"))

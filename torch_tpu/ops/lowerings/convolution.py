@@ -9,7 +9,7 @@ from jax import lax
 
 from torch_tpu.ops.dtypes import opmath, to_opmath, type_name
 from torch_tpu.ops.lowerings.common import HIGHEST, ntuple
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import aten, lower, signature_check
 
 # ---- convolution ------------------------------------------------------------
 
@@ -94,6 +94,7 @@ def _check_conv_params(stride, padding, dilation) -> None:
         raise RuntimeError("dilation should be greater than zero")
 
 
+@signature_check
 def _conv_check(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """CPU's checks of the operands that jax would report as its own TypeError or ValueError."""
     if input.dtype != weight.dtype:

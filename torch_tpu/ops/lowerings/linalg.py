@@ -16,7 +16,7 @@ from torch_tpu import metrics
 from torch_tpu.ops import precision
 from torch_tpu.ops.checks import c_type_name
 from torch_tpu.ops.dtypes import to_opmath, type_name
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import aten, lower, signature_check
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
 
@@ -67,17 +67,20 @@ def _scaled_sum(self, product, beta, alpha):
     return jnp.where(beta == 0, jnp.broadcast_to(product, shape), self * beta + product)
 
 
+@signature_check
 def _mm_check(self, mat2, *args, **kwargs):
     if self.dtype != mat2.dtype:
         a, b = c_type_name(self.dtype), c_type_name(mat2.dtype)
         raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a} != {b}")
 
 
+@signature_check
 def _bmm_check(self, mat2, *args, **kwargs):
     if self.dtype != mat2.dtype:
         raise RuntimeError(f"expected scalar type {type_name(self.dtype)} but found {type_name(mat2.dtype)}")
 
 
+@signature_check
 def _addmm_check(self, mat1, mat2, *args, **kwargs):
     _mm_check(mat1, mat2)
     if self.dtype != mat2.dtype:

@@ -22,7 +22,7 @@ from torch_tpu import metrics
 from torch_tpu.ops.checks import Failure, dim_in_range, index_bounds, to_host
 from torch_tpu.ops.dtypes import to_numpy_dtype, type_name
 from torch_tpu.ops.lowerings.sorting import sort_along
-from torch_tpu.ops.registry import Check, aten, lower
+from torch_tpu.ops.registry import Check, aten, lower, signature_check
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
 
@@ -212,6 +212,7 @@ def argmin(x, dim=None, keepdim=False):
     return _arg_extreme(x, dim, keepdim, jnp.argmin)
 
 
+@signature_check
 def _aminmax_out_check(self, *, dim=None, keepdim=False, min=None, max=None):
     """CPU's aminmax.out takes outputs of the input's dtype only (it does not cast)."""
     for out in (min, max):

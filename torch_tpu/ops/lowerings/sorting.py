@@ -12,7 +12,7 @@ from jax import lax
 from torch_tpu import metrics
 from torch_tpu.ops.checks import check_ranges, dim_in_range, first_outside
 from torch_tpu.ops.lowerings.indexing import count_true
-from torch_tpu.ops.registry import Check, aten, lower
+from torch_tpu.ops.registry import Check, aten, lower, signature_check
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
 
@@ -35,6 +35,7 @@ def sort_along(x, axis: int, descending: bool = False):
     return s.astype(x.dtype), i
 
 
+@signature_check
 def _sort_check(self, *args, stable=None, dim=-1, **kwargs):
     dim_in_range(dim, self.dim())
     if self.is_complex():

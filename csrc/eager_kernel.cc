@@ -1,0 +1,606 @@
+// The steady-state eager path (see eager_kernel.h).
+#include "csrc/eager_kernel.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "csrc/device_buffer.h"
+
+namespace py = pybind11;
+
+namespace torch_tpu {
+namespace {
+
+std::atomic<bool> g_enabled{true};  // off once SPMD placement is installed
+std::atomic<int64_t> g_hits{0};
+std::atomic<int64_t> g_executions{0};
+thread_local int g_precision_override = -1;  // a graph's own matmul precision while it runs
+// Entries over all ops, and the most kept (the dispatcher's op cache size): past it, all go.
+size_t g_entry_count = 0;  // guarded by the GIL, as the tables are
+size_t g_entry_limit = 4096;
+
+struct Output {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // empty: contiguous
+  at::ScalarType dtype;
+};
+
+struct Entry {
+  py::object run;  // run(inputs, None) -> [fresh results..., self's new buffer]
+  std::vector<Output> fresh;
+  at::ScalarType self_dtype = at::ScalarType::Undefined;  // in-place ops: the new buffer's spec
+  int64_t self_numel = -1;
+};
+
+// One call as the fast path reads it.
+struct Call {
+  std::string key;
+  py::list inputs;  // the executable's inputs: buffers and traced numbers, in argument order
+  int device = -1;
+};
+
+// A schema argument as torch.library hands it to a Python kernel: dtypes, layouts and memory
+// formats as their Python objects.
+py::object python_value(const c10::Argument& arg, const c10::IValue& v) {
+  if (v.isNone()) {
+    return py::none();
+  }
+  c10::TypePtr type = arg.real_type();
+  if (auto optional = type->cast<c10::OptionalType>()) {
+    type = optional->getElementType();
+  }
+  switch (type->kind()) {
+    case c10::TypeKind::ScalarTypeType:
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+    case c10::TypeKind::LayoutType:
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(v.toInt()))));
+    case c10::TypeKind::MemoryFormatType:
+      return py::reinterpret_borrow<py::object>(
+          torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(v.toInt())));
+    default:
+      return torch::jit::toPyObject(v);
+  }
+}
+
+// (args, kwargs) of a Python kernel call, as torch.library builds them: positional arguments
+// up to the keyword-only ones, less trailing ones equal to their defaults; keyword-only ones
+// that differ from their defaults.
+std::pair<py::tuple, py::dict> python_arguments(const c10::FunctionSchema& schema,
+                                                const std::vector<c10::IValue>& arguments) {
+  const auto& params = schema.arguments();
+  auto is_default = [&](size_t i) {
+    const auto& d = params[i].default_value();
+    return d.has_value() && *d == arguments[i];
+  };
+  size_t kwarg_only_start = arguments.size();
+  while (kwarg_only_start > 0 && params[kwarg_only_start - 1].kwarg_only()) {
+    --kwarg_only_start;
+  }
+  size_t positional_end = kwarg_only_start;
+  while (positional_end > 0 && is_default(positional_end - 1)) {
+    --positional_end;
+  }
+  py::tuple args(positional_end);
+  for (size_t i = 0; i < positional_end; ++i) {
+    args[i] = python_value(params[i], arguments[i]);
+  }
+  py::dict kwargs;
+  for (size_t i = kwarg_only_start; i < arguments.size(); ++i) {
+    if (!is_default(i)) {
+      kwargs[py::str(params[i].name())] = python_value(params[i], arguments[i]);
+    }
+  }
+  return {std::move(args), std::move(kwargs)};
+}
+
+// Pushes a Python kernel's result as the schema's returns.
+void push_python_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const py::object& out) {
+  const auto& returns = schema.returns();
+  if (returns.empty()) {
+    TORCH_CHECK(out.is_none(), "the tpu kernel of ", schema.name(), " returned a value where none is expected");
+  } else if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, returns[0].real_type()));
+  } else {
+    const py::sequence outs = py::cast<py::sequence>(out);
+    TORCH_CHECK(outs.size() == returns.size(), "the tpu kernel of ", schema.name(), " returned ", outs.size(),
+                " values, expected ", returns.size());
+    for (size_t i = 0; i < returns.size(); ++i) {
+      stack->push_back(torch::jit::toIValue(outs[i], returns[i].real_type()));
+    }
+  }
+}
+
+class OpState;
+
+// A miss in progress: the op's Python kernel offers its executable to the innermost frame.
+struct Frame {
+  const OpState* op;
+  const std::vector<c10::IValue>* arguments;
+  std::shared_ptr<const Entry> offered;
+};
+thread_local std::vector<Frame*> g_frames;
+
+template <typename T>
+void append(std::string& key, T value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+bool is_tpu(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1;
+}
+
+bool same_impl(const py::handle& obj, const at::Tensor& t) {
+  return THPVariable_Check(obj.ptr()) && THPVariable_Unpack(obj.ptr()).unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+}
+
+// Holds a storage lock of torch_tpu/ops/storage_locks.py (a threading.RLock) for its scope.
+class HeldLock {
+ public:
+  ~HeldLock() {
+    if (lock_ != nullptr) {
+      PyObject* r = PyObject_CallMethod(lock_, "release", nullptr);
+      if (r == nullptr) {
+        PyErr_Clear();
+      }
+      Py_XDECREF(r);
+      Py_DECREF(lock_);
+    }
+  }
+  // False when the lock does not exist yet (the Python kernel makes it) or was just pruned.
+  bool acquire(PyObject* locks, const at::Tensor& t) {
+    char* address = static_cast<char*>(t.storage().data_ptr().get());
+    if (address == nullptr) {
+      return true;  // an empty storage has nothing to lose
+    }
+    // Keyed by the buffer: a storage slice shares its parent's lock.
+    py::object key = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(address - view_of(t.storage()).offset));
+    PyObject* lock = PyDict_GetItemWithError(locks, key.ptr());
+    if (lock == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    Py_INCREF(lock);
+    PyObject* r = PyObject_CallMethod(lock, "acquire", nullptr);
+    if (r == nullptr) {
+      PyErr_Clear();
+      Py_DECREF(lock);
+      return false;
+    }
+    Py_DECREF(r);
+    lock_ = lock;
+    return PyDict_GetItemWithError(locks, key.ptr()) == lock;  // not pruned meanwhile
+  }
+
+ private:
+  PyObject* lock_ = nullptr;
+};
+
+class OpState {
+ public:
+  OpState(std::string name, const c10::FunctionSchema& schema, PyObject* python_kernel,
+          const std::vector<int64_t>& traced, bool inplace, PyObject* locks)
+      : name_(std::move(name)),
+        num_args_(schema.arguments().size()),
+        traced_(num_args_, false),
+        defaults_(num_args_),
+        python_kernel_(python_kernel),
+        inplace_(inplace),
+        locks_(locks) {
+    Py_INCREF(python_kernel_);  // never released: the dispatcher outlives the interpreter
+    Py_INCREF(locks_);
+    for (int64_t i : traced) {
+      traced_.at(i) = true;
+      defaults_[i] = schema.arguments()[i].default_value();
+    }
+  }
+
+  const std::string& name() const { return name_; }
+  bool inplace() const { return inplace_; }
+
+  void call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    py::gil_scoped_acquire gil;
+    Call call;
+    bool fast = g_enabled.load(std::memory_order_relaxed) && !lazy_recording() &&
+                c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+    if (fast) {
+      // An in-place op reads, runs and swaps self's buffer under its storage's lock, released
+      // before a miss runs the Python kernel (which takes its locks in address order).
+      HeldLock held;
+      const auto args = torch::jit::last(stack, num_args_);
+      const bool locked = !inplace_ || held.acquire(locks_, args[0].toTensor());
+      fast = read(args, call);
+      if (fast && locked) {
+        auto it = entries_.find(call.key);
+        if (it != entries_.end()) {
+          std::shared_ptr<const Entry> entry = it->second;  // the table may change while it runs
+          if (run(*entry, stack, call)) {
+            return;
+          }
+        }
+      }
+    }
+    call_python(op, stack, fast ? &call.key : nullptr);
+  }
+
+  void clear() {
+    g_entry_count -= entries_.size();
+    entries_.clear();
+  }
+
+ private:
+  // Builds the call's key and inputs; false when the call is not one for the fast path.
+  bool read(c10::ArrayRef<c10::IValue> args, Call& call) const {
+    std::string& key = call.key;
+    key.reserve(64);
+    append(key, static_cast<int8_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
+    append(key, static_cast<int8_t>(g_precision_override >= 0
+                                        ? g_precision_override
+                                        : static_cast<int>(at::globalContext().float32MatmulPrecision())));
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = args[i];
+      if (traced_[i] && (v.isInt() || v.isDouble() || v.isBool()) && !is_default(v, defaults_[i])) {
+        key += v.isInt() ? "Ni" : v.isDouble() ? "Nf" : "Nb";
+        call.inputs.append(number(v));
+      } else if (!read_value(v, call)) {
+        return false;
+      }
+    }
+    return call.device >= 0;  // factories (no tpu tensor in) take the Python path
+  }
+
+  static bool is_default(const c10::IValue& v, const std::optional<c10::IValue>& d) {
+    if (!d.has_value()) {
+      return false;
+    }
+    if (v.isInt() && d->isInt()) {
+      return v.toInt() == d->toInt();
+    }
+    if (v.isDouble() && d->isDouble()) {
+      return v.toDouble() == d->toDouble();
+    }
+    return v.isBool() && d->isBool() && v.toBool() == d->toBool();
+  }
+
+  static py::object number(const c10::IValue& v) {
+    if (v.isInt()) {
+      return py::int_(v.toInt());
+    }
+    if (v.isDouble()) {
+      return py::float_(v.toDouble());
+    }
+    return py::bool_(v.toBool());
+  }
+
+  static bool read_value(const c10::IValue& v, Call& call) {
+    std::string& key = call.key;
+    if (v.isTensor()) {
+      return read_tensor(v.toTensor(), call, /*numbers=*/true);
+    }
+    if (v.isNone()) {
+      key += 'n';
+    } else if (v.isInt()) {
+      key += 'i';
+      append(key, v.toInt());
+    } else if (v.isBool()) {
+      key += 'b';
+      append(key, v.toBool());
+    } else if (v.isDouble()) {
+      const double d = v.toDouble();
+      key += std::isnan(d) ? 'F' : 'f';
+      append(key, std::isnan(d) ? 0.0 : d);  // -0.0 and 0.0 differ in their bytes
+    } else if (v.isIntList()) {
+      const auto list = v.toIntVector();
+      key += 'L';
+      append(key, list.size());
+      for (int64_t x : list) {
+        append(key, x);
+      }
+    } else if (v.isTensorList()) {
+      const auto list = v.toTensorList();
+      key += 'T';
+      append(key, list.size());
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (!read_tensor(list.get(i), call, /*numbers=*/false)) {
+          return false;
+        }
+      }
+    } else if (v.isString()) {
+      const auto& s = v.toStringRef();
+      key += 's';
+      append(key, s.size());
+      key += s;
+    } else if (v.isDevice()) {
+      key += 'd';
+      append(key, static_cast<int16_t>(v.toDevice().type()));
+      append(key, static_cast<int16_t>(v.toDevice().index()));
+    } else {
+      return false;  // complex numbers, generators, optional-tensor lists, ...
+    }
+    return true;
+  }
+
+  static bool read_tensor(const at::Tensor& t, Call& call, bool numbers) {
+    std::string& key = call.key;
+    if (!t.defined()) {
+      key += 'u';
+      return true;
+    }
+    if (t.device().type() != c10::DeviceType::PrivateUse1) {
+      // A Python number where the op takes a tensor (`x + 2`): traced, as the Python kernel does.
+      if (!numbers || !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        return false;
+      }
+      switch (t.scalar_type()) {
+        case at::ScalarType::Bool:
+          key += "wb";
+          call.inputs.append(py::bool_(*t.const_data_ptr<bool>()));
+          return true;
+        case at::ScalarType::Long:
+          key += "wi";
+          call.inputs.append(py::int_(*t.const_data_ptr<int64_t>()));
+          return true;
+        case at::ScalarType::Double:
+          key += "wf";
+          call.inputs.append(py::float_(*t.const_data_ptr<double>()));
+          return true;
+        default:
+          return false;
+      }
+    }
+    const BufferView view = view_of(t.storage());
+    DeviceBuffer& buffer = *view.buffer;
+    const at::ScalarType dtype = t.scalar_type();
+    if (!t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && view.offset == 0 &&
+        buffer.array_dtype() == dtype && buffer.array_numel() == t.numel() && t.is_contiguous()) {
+      key += 't';  // the whole buffer, row major
+      append(key, static_cast<int8_t>(dtype));
+      append(key, static_cast<int8_t>(t.dim()));
+      for (int64_t s : t.sizes()) {
+        append(key, s);
+      }
+    } else {
+      // A view: the executable reads the buffer through the view's geometry and math bits.
+      const size_t itemsize = t.element_size();
+      if (buffer.array_dtype() == at::ScalarType::Undefined || buffer.array_numel() < 0 || view.offset % itemsize) {
+        return false;
+      }
+      key += 'g';
+      append(key, static_cast<int8_t>(dtype));
+      append(key, static_cast<int8_t>(buffer.array_dtype()));
+      append(key, buffer.array_numel());
+      append(key, static_cast<int8_t>(t.is_conj() | (t.is_neg() << 1)));
+      append(key, static_cast<int64_t>(t.storage_offset() + view.offset / itemsize));
+      append(key, static_cast<int8_t>(t.dim()));
+      for (int64_t s : t.sizes()) {
+        append(key, s);
+      }
+      for (int64_t s : t.strides()) {
+        append(key, s);
+      }
+    }
+    const int device = t.device().index();
+    if (call.device >= 0 && call.device != device) {
+      return false;  // the Python kernel raises the same-device error
+    }
+    call.device = device;
+    PyObject* array = buffer.array(/*force=*/true);
+    if (array == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    py::object owned = py::reinterpret_steal<py::object>(array);
+    if (array == Py_None) {
+      return false;  // never written: the Python kernel makes its zeros
+    }
+    call.inputs.append(owned);
+    return true;
+  }
+
+  // Runs a cached entry (an in-place op's caller holds self's lock); false (nothing changed)
+  // sends the call to the Python kernel.
+  bool run(const Entry& entry, torch::jit::Stack* stack, Call& call) const {
+    const auto args = torch::jit::last(stack, num_args_);
+    PyObject* out = PyObject_CallFunctionObjArgs(entry.run.ptr(), call.inputs.ptr(), Py_None, nullptr);
+    if (out == nullptr) {
+      PyErr_Clear();  // the Python kernel runs it again and raises its error (out of memory, ...)
+      return false;
+    }
+    py::object result = py::reinterpret_steal<py::object>(out);
+    const size_t expected = entry.fresh.size() + (inplace_ ? 1 : 0);
+    if (!PyList_Check(out) || static_cast<size_t>(PyList_GET_SIZE(out)) != expected) {
+      return false;
+    }
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    g_executions.fetch_add(1, std::memory_order_relaxed);
+    if (inplace_) {
+      c10::IValue self = args[0];
+      buffer_of(self.toTensor().storage())
+          .set_array(PyList_GET_ITEM(out, entry.fresh.size()), entry.self_dtype, entry.self_numel);
+      torch::jit::drop(stack, num_args_);
+      stack->push_back(std::move(self));
+      return true;
+    }
+    torch::jit::drop(stack, num_args_);
+    for (size_t i = 0; i < entry.fresh.size(); ++i) {
+      const Output& o = entry.fresh[i];
+      at::Tensor t = wrap_array(PyList_GET_ITEM(out, i), o.sizes, o.dtype, call.device);
+      if (!o.strides.empty()) {  // the buffer holds the value in these strides' order
+        t.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides);
+      }
+      stack->push_back(std::move(t));
+    }
+    return true;
+  }
+
+  // The op's Python kernel, called as torch.library calls a Python kernel; on a miss (`key`
+  // set) it may offer its executable for the key.
+  void call_python(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string* key) {
+    std::vector<c10::IValue> arguments = torch::jit::pop(*stack, num_args_);
+    auto [args, kwargs] = python_arguments(op.schema(), arguments);
+    Frame frame{this, &arguments, nullptr};
+    if (key != nullptr) {
+      g_frames.push_back(&frame);
+    }
+    PyObject* out = PyObject_Call(python_kernel_, args.ptr(), kwargs.ptr());
+    if (key != nullptr) {
+      g_frames.pop_back();
+    }
+    if (out == nullptr) {
+      throw python_error();
+    }
+    if (frame.offered != nullptr) {
+      if (g_entry_count >= g_entry_limit) {
+        clear_all();
+      }
+      g_entry_count += entries_.insert_or_assign(*key, std::move(frame.offered)).second ? 1 : 0;
+    }
+    push_python_result(op.schema(), stack, py::reinterpret_steal<py::object>(out));
+  }
+
+ public:
+  static void clear_all();
+
+ private:
+  std::string name_;
+  size_t num_args_;
+  std::vector<bool> traced_;
+  std::vector<std::optional<c10::IValue>> defaults_;
+  PyObject* python_kernel_;
+  bool inplace_;
+  PyObject* locks_;
+  std::unordered_map<std::string, std::shared_ptr<const Entry>> entries_;
+};
+
+std::vector<OpState*>& all_ops() {
+  static auto* ops = new std::vector<OpState*>();
+  return *ops;
+}
+
+void OpState::clear_all() {
+  for (OpState* op : all_ops()) {
+    op->clear();
+  }
+}
+
+class EagerKernel final : public c10::OperatorKernel {
+ public:
+  explicit EagerKernel(OpState* state) : state_(state) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+    state_->call(op, stack);
+  }
+
+ private:
+  OpState* state_;  // never freed (see OpState)
+};
+
+torch::Library& library() {
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  return *lib;
+}
+
+// `kernel` (the Python kernel of aten op `name`.`overload`) behind the fast path. `traced`: the
+// Scalar arguments the Python kernel traces; `inplace`: the op writes self and returns it
+// (else it returns fresh tensors); `locks`: storage_locks' table.
+void register_eager_kernel(const std::string& label, const std::string& name, const std::string& overload,
+                           const py::object& kernel, const std::vector<int64_t>& traced, bool inplace,
+                           const py::object& locks) {
+  const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  auto* state = new OpState(label, handle.schema(), kernel.ptr(), traced, inplace, locks.ptr());
+  all_ops().push_back(state);
+  const std::string short_name = name.substr(name.find("::") + 2);
+  const std::string impl_name = overload.empty() ? short_name : short_name + "." + overload;
+  library().impl(impl_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EagerKernel>(state)));
+}
+
+using OutputSpec = std::tuple<std::vector<int64_t>, std::optional<std::vector<int64_t>>, at::ScalarType>;
+
+// Called by the Python kernel after a miss ran: `run` is the executable for the innermost
+// frame's call, if that frame is op `label` with `bound`'s tpu tensors. True if taken.
+bool offer_eager_entry(const std::string& label, const py::list& bound, const py::object& run,
+                       const std::vector<OutputSpec>& fresh,
+                       const std::optional<std::pair<at::ScalarType, int64_t>>& self_spec, size_t limit) {
+  if (g_frames.empty()) {
+    return false;
+  }
+  Frame& frame = *g_frames.back();
+  const std::vector<c10::IValue>& args = *frame.arguments;
+  if (frame.op->name() != label || frame.offered != nullptr || bound.size() != args.size() ||
+      frame.op->inplace() != self_spec.has_value()) {
+    return false;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {  // the same tensors: not a call the kernel rewrote
+    if (is_tpu(args[i]) && !same_impl(bound[i], args[i].toTensor())) {
+      return false;
+    }
+    if (args[i].isTensorList()) {
+      const auto list = args[i].toTensorList();
+      py::handle given = bound[i];
+      if (!PyList_Check(given.ptr()) || static_cast<size_t>(PyList_GET_SIZE(given.ptr())) != list.size()) {
+        return false;
+      }
+      for (size_t j = 0; j < list.size(); ++j) {
+        if (!same_impl(PyList_GET_ITEM(given.ptr(), j), list.get(j))) {
+          return false;
+        }
+      }
+    }
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->run = run;
+  for (const auto& [sizes, strides, dtype] : fresh) {
+    entry->fresh.push_back(Output{sizes, strides.value_or(std::vector<int64_t>{}), dtype});
+  }
+  if (self_spec.has_value()) {
+    entry->self_dtype = self_spec->first;
+    entry->self_numel = self_spec->second;
+  }
+  frame.offered = std::move(entry);
+  g_entry_limit = limit;
+  return true;
+}
+
+}  // namespace
+
+void init_eager_kernels(py::module_& m) {
+  m.def("_register_eager_kernel", &register_eager_kernel, py::arg("label"), py::arg("name"), py::arg("overload"),
+        py::arg("kernel"), py::arg("traced"), py::arg("inplace"), py::arg("locks"));
+  m.def("_offer_eager_entry", &offer_eager_entry, py::arg("label"), py::arg("bound"), py::arg("run"),
+        py::arg("fresh"), py::arg("self_spec"), py::arg("limit"));
+  m.def("_set_eager_fast_path", [](bool on) { g_enabled = on; }, py::arg("on"));
+  m.def("_set_matmul_precision_override", [](std::optional<int> level) { g_precision_override = level.value_or(-1); },
+        py::arg("level"));
+  m.def("_clear_eager_entries", [] { OpState::clear_all(); });
+  m.def("_eager_entry_count", [] { return g_entry_count; });
+  m.def("_eager_counters", [] {
+    return py::make_tuple(g_hits.load(std::memory_order_relaxed), g_executions.load(std::memory_order_relaxed));
+  });
+  m.def("_reset_eager_counters", [] {
+    g_hits = 0;
+    g_executions = 0;
+  });
+}
+
+}  // namespace torch_tpu
