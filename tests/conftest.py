@@ -6,6 +6,9 @@ import os
 import tempfile
 
 os.environ.setdefault("TORCH_TPU_PLATFORM", "cpu")
+# First calls compile before they run (no host tier), so compile counts are exact; the host
+# tier's own tests turn it on.
+os.environ.setdefault("TORCH_TPU_ASYNC_COMPILE", "0")
 # The persistent compile cache of this test session, not the user's.
 os.environ.setdefault("TORCH_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_test_cache_"))
 

@@ -16,6 +16,8 @@ _COUNTER_KEYS = (
     "executions",
     "host_transfers",
     "cpu_fallbacks",
+    "async_compiles",
+    "host_tier_runs",
 )
 
 _counts: Counter[str] = Counter()

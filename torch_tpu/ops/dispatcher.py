@@ -25,14 +25,14 @@ from torch._ops import OpOverload
 from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import growing, precision, spmd, storage_locks, tensors, view_gathers
+from torch_tpu.ops import growing, host_tier, precision, spmd, storage_locks, tensors, view_gathers
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering, SignatureCheck
 from torch_tpu.ops.rng import key_data, key_from_data_jit
 from torch_tpu.ops.schema import OpPlan, call_lowering, call_schema, conform_tree, flatten_values
 from torch_tpu.ops.tensors import apply_bits, buffer_of, math_bits, tensor_geometry
-from torch_tpu.runtime import client, executable_cache
+from torch_tpu.runtime import background_compile, client, executable_cache
 
 _cache = executable_cache.ExecutableCache()
 
@@ -191,6 +191,7 @@ class _Entry:
         "fast",
         "fresh_layout",
         "fresh_meta",
+        "job",
         "lazy_avals",
         "mutable_shapes",
         "mutable_specs",
@@ -204,6 +205,7 @@ class _Entry:
         self.traceable = None  # the jitted lowering (lazy mode traces it); None for a loaded executable
         self.compiled = False  # run has been called (jax compiled it); lazy mode only traces it
         self.fast = None  # what the C++ path needs (fresh output specs, self's spec), or False
+        self.job = None  # its background compile (runtime/background_compile.py); False: compiles at its call
         self.lazy_avals = None  # the flat results' shapes, for lazy mode
         self.fresh_meta = fresh_meta
         self.fresh_layout = _fresh_layout(fresh_meta)  # meta strides where the buffer is laid out with them
@@ -530,9 +532,16 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
             if entry.compiled:
                 metrics.bump("op_cache_hits")
             else:
+                state = "now" if entry.job is False else _background_state(entry, lowering, plan, call, bound)
+                if state == "host":
+                    result = _run_on_host(op, plan, args, kwargs, bound, device)
+                    if result is not _FAILED:
+                        return result
+                    entry.job = False
                 entry.compiled = True
                 metrics.bump("op_compiles")
-                compile_start = compile_start or time.perf_counter()
+                if state != "ready":
+                    compile_start = compile_start or time.perf_counter()
             flat = _execute(entry, lowering, call, device, compile_start, op)
         fresh_values, new_buffers = jax.tree_util.tree_unflatten(entry.out_tree, flat)
         fresh = [_wrap_tree(v, m, st, device) for v, m, st in zip(fresh_values, entry.fresh_meta, entry.fresh_layout)]
@@ -552,6 +561,73 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
 
     kernel.__name__ = f"tpu_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
+
+
+_FAILED = object()  # the host tier could not run a call
+
+
+def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Call, bound: list) -> str:
+    """For a call of an entry not compiled yet: "host" (run the call on the host tier while the
+    executable compiles in the background), "ready" (the background compile finished) or "now"
+    (compile at this call: one the host tier cannot run, or after a failed background compile,
+    whose error then surfaces here)."""
+    job = entry.job
+    if job is None:
+        if not _host_runnable(lowering, plan, call, bound):
+            entry.job = False
+            return "now"
+        first_call = entry.run
+        inputs = [_abstract(v) for v in call.inputs]
+        level, dtype = precision.level(), torch.get_default_dtype()
+        entry.job = background_compile.submit(lambda: _compile_in_background(first_call, inputs, level, dtype))
+        return "host"
+    if not background_compile.called(job):
+        return "host"
+    entry.job = False
+    if job.error is not None:
+        return "now"
+    entry.run = job.result
+    return "ready"
+
+
+def _host_runnable(lowering: Lowering, plan: OpPlan, call: _Call, bound: list) -> bool:
+    if lowering.random or plan.out_names or plan.generator_index is not None or call.generator is not None:
+        return False
+    if spmd.layer is not None or tensors.lazy is not None or not host_tier.available():
+        return False
+    return all(host_tier.readable(t) for t in flatten_values(bound) if _is_tpu(t))
+
+
+def _is_tpu(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "tpu"
+
+
+def _abstract(value):
+    """What lowering needs of an executable input, without holding its buffer."""
+    if isinstance(value, jax.Array):
+        return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=value.sharding, weak_type=value.weak_type)
+    return value
+
+
+def _compile_in_background(first_call, inputs: list, level: str, dtype: torch.dtype):
+    """The executable of `first_call` (an entry's FirstCall) for abstract `inputs`, traced under
+    the matmul precision and default dtype of the call that asked for it."""
+    if torch.get_default_dtype() != dtype:  # changed since: the call that collects it compiles
+        raise RuntimeError("the default dtype changed while the op waited to compile")
+    start = time.perf_counter()
+    with precision.overridden(level):
+        compiled = first_call.compile(inputs, None)
+    metrics.record_compile("op", time.perf_counter() - start)
+    return compiled
+
+
+def _run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: list, device: int):
+    """The call on the host tier, or _FAILED when its CPU kernel raised (the executable then
+    runs the call, as it would have without the host tier, and raises what it raises)."""
+    try:
+        return host_tier.run(op, args, kwargs, _mutable_tensors(plan, bound), plan.returns, bound, device)
+    except Exception:
+        return _FAILED
 
 
 def _offer(plan: OpPlan, bound: list, entry: _Entry) -> None:

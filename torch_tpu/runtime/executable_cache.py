@@ -222,10 +222,16 @@ class FirstCall:
         self.options = options
 
     def __call__(self, *args):
-        compiled = self.jitted.lower(*args).compile(compiler_options=self.options)
+        compiled = self.compile(*args)
         setattr(self.owner, self.attr, compiled)
-        save(self.key, compiled, self.meta())
         return compiled(*args)
+
+    def compile(self, *args):
+        """Lowers and compiles for `args` (arrays, or their jax.ShapeDtypeStruct), persists and
+        returns the executable; the owner keeps this stand-in (background compiles use this)."""
+        compiled = self.jitted.lower(*args).compile(compiler_options=self.options)
+        save(self.key, compiled, self.meta())
+        return compiled
 
 
 # ---- a persistent jax.jit ------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""The host tier (ops/host_tier.py): a first-seen op signature runs with PyTorch's CPU kernel
+while its executable compiles in the background (runtime/background_compile.py), and the calls
+after the compile run the executable. Both give CPU's results, views alias, in-place ops mutate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu.runtime import background_compile
+
+_SHAPES = iter(range(3, 400))  # every test's tensors get sizes no other test uses: first calls miss
+
+
+@pytest.fixture(autouse=True)
+def _async_compile(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_ASYNC_COMPILE", "1")
+    assert background_compile.drain(timeout=300)
+    yield
+    assert background_compile.drain(timeout=300)
+
+
+def _count(key: str) -> int:
+    return torch_tpu.metrics.counters()[key]
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.device.type == "tpu"
+    assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def _host_then_compiled(fn, *cpu_args):
+    """fn on tpu copies of `cpu_args`: the first call runs on the host tier, and once the
+    background compile finished the next runs the executable; both equal fn on CPU."""
+    want = fn(*cpu_args)
+    tpu_args = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    runs, compiles = _count("host_tier_runs"), _count("op_compiles")
+    got = fn(*tpu_args)
+    assert _count("host_tier_runs") > runs and _count("op_compiles") == compiles
+    assert background_compile.drain(timeout=300)
+    runs = _count("host_tier_runs")
+    again = fn(*tpu_args)
+    assert _count("host_tier_runs") == runs and _count("op_compiles") > compiles
+    for result in (got, again):
+        pairs = zip(result, want) if isinstance(want, tuple) else [(result, want)]
+        for g, w in pairs:
+            _same(g, w)
+
+
+def test_elementwise_with_numbers_and_promotion():
+    n = next(_SHAPES)
+    a, b = torch.randn(n, 4), torch.arange(4)
+    _host_then_compiled(lambda x, y: (x * 2 + y) / 3 - 1, a, b)
+
+
+def test_multiple_outputs():
+    a = torch.randn(next(_SHAPES), 5)
+    _host_then_compiled(lambda x: torch.max(x, dim=1), a)
+
+
+def test_reduction_matmul_and_softmax():
+    n = next(_SHAPES)
+    a, w = torch.randn(n, 8), torch.randn(8, 6)
+    _host_then_compiled(lambda x, m: torch.softmax(x @ m, dim=-1).sum(0), a, w)
+
+
+def test_views_in_and_channels_last_out():
+    x = torch.randn(2, 3, next(_SHAPES), 5).contiguous(memory_format=torch.channels_last)
+    _host_then_compiled(lambda t: torch.relu(t[:, 1:]) * 2, x)
+
+
+def test_bfloat16():
+    a = torch.randn(next(_SHAPES), 7).to(torch.bfloat16)
+    _host_then_compiled(lambda x: torch.nn.functional.gelu(x) + x.mean(), a)
+
+
+def test_inplace_through_views_is_seen_by_every_alias():
+    def step(base):
+        view = base.view(-1)
+        base[1].add_(2.0)
+        base[:, 0].sub_(base[:, 1])  # reads a column of the storage it writes
+        base.mul_(0.5)
+        return view
+
+    want = torch.randn(4, next(_SHAPES))
+    got = want.to("tpu")
+    for _ in range(3):  # host tier, then the executables
+        want_view = step(want)
+        got_view = step(got)
+        torch.testing.assert_close(got.cpu(), want)
+        torch.testing.assert_close(got_view.cpu(), want_view)
+        assert background_compile.drain(timeout=300)
+
+
+def test_random_ops_compile_before_they_run():
+    compiles, runs = _count("op_compiles"), _count("host_tier_runs")
+    torch.rand(next(_SHAPES), device="tpu")
+    assert _count("op_compiles") == compiles + 1 and _count("host_tier_runs") == runs
+
+
+def test_off_compiles_at_the_first_call(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_ASYNC_COMPILE", "0")
+    x = torch.randn(next(_SHAPES)).to("tpu")
+    compiles, runs = _count("op_compiles"), _count("host_tier_runs")
+    torch.testing.assert_close((x * 3).cpu(), x.cpu() * 3)
+    assert _count("op_compiles") == compiles + 1 and _count("host_tier_runs") == runs
+
+
+def test_errors_are_cpus():
+    a, b = torch.randn(3, next(_SHAPES)).to("tpu"), torch.randn(5, 2).to("tpu")
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.mm(a, b)
+
+
+def test_exit_with_compiles_pending_does_not_wait_for_them():
+    """A process that leaves many compiles queued drops them at exit: only the one compiling
+    then finishes (its atexit report counts the XLA compiles done)."""
+    code = (
+        "import atexit, torch, torch_tpu\n"
+        "from torch_tpu.runtime import background_compile\n"
+        "x = torch.randn(64).to('tpu')\n"
+        "for n in range(1, 60):\n"
+        "    (x[:n] * 2 + 1).sum()\n"
+        "queued = background_compile.pending_count()\n"
+        "atexit.register(lambda: print(queued, torch_tpu.metrics.counters()['xla_compiles']))\n"
+    )
+    root = os.path.dirname(os.path.dirname(torch_tpu.__file__))  # the package under test, from any cwd
+    env = dict(os.environ, TORCH_TPU_ASYNC_COMPILE="1", TORCH_TPU_PERSISTENT_CACHE="0")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd="/")
+    assert result.returncode == 0, result.stderr[-2000:]
+    queued, compiled = map(int, result.stdout.split())
+    assert queued > 100 and compiled < 59 * 3 - 90, (queued, compiled)
