@@ -1,15 +1,19 @@
 #include "csrc/device_buffer.h"
 
+#include <ATen/DLConvertor.h>
+#include <ATen/dlpack.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/Exceptions.h>
 
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "csrc/core/buffer_registry.h"
 #include "csrc/core/device_registry.h"
@@ -25,6 +29,63 @@ PyObject* g_memory_info_hook = nullptr;  // owned reference, or null
 PyObject* g_lazy_type = nullptr;         // owned references, or null
 PyObject* g_lazy_resolver = nullptr;
 bool g_lazy_recording = false;
+PyObject* g_to_dlpack = nullptr;  // owned references, or null (see set_host_hooks)
+PyObject* g_from_dlpack = nullptr;
+PyObject* g_jax_device = nullptr;
+std::vector<PyObject*> g_jax_devices;  // by tpu index, owned, filled on first use
+
+void dlpack_capsule_destructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, "used_dltensor")) {
+    return;  // its consumer owns the tensor
+  }
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (managed != nullptr && managed->deleter != nullptr) {
+    managed->deleter(managed);
+  }
+  PyErr_Clear();
+}
+
+// A CPU tensor over a jax array's memory (it waits for the array to be computed).
+at::Tensor array_to_host(PyObject* array) {
+  TORCH_CHECK(g_to_dlpack != nullptr, "torch_tpu: the host tier is not set up");
+  PyObject* capsule = PyObject_CallOneArg(g_to_dlpack, array);
+  if (capsule == nullptr) {
+    throw python_error();
+  }
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (managed == nullptr) {
+    Py_DECREF(capsule);
+    throw python_error();
+  }
+  PyCapsule_SetName(capsule, "used_dltensor");
+  Py_DECREF(capsule);
+  return at::fromDLPack(managed);
+}
+
+// A jax array on tpu device `device` over a flat CPU tensor's memory; new reference, or null
+// with a Python error set.
+PyObject* host_to_array(const at::Tensor& flat, int device) {
+  if (g_from_dlpack == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "torch_tpu: the host tier is not set up");
+    return nullptr;
+  }
+  if (static_cast<size_t>(device) >= g_jax_devices.size()) {
+    g_jax_devices.resize(device + 1, nullptr);
+  }
+  if (g_jax_devices[device] == nullptr) {
+    g_jax_devices[device] = PyObject_CallFunction(g_jax_device, "i", device);
+    if (g_jax_devices[device] == nullptr) {
+      return nullptr;
+    }
+  }
+  PyObject* capsule = PyCapsule_New(at::toDLPack(flat), "dltensor", dlpack_capsule_destructor);
+  if (capsule == nullptr) {
+    return nullptr;
+  }
+  PyObject* array = PyObject_CallFunctionObjArgs(g_from_dlpack, capsule, g_jax_devices[device], Py_None, nullptr);
+  Py_DECREF(capsule);
+  return array;
+}
 
 // Live buffers by fake address, so a storage that only points into one (a slice) finds it.
 std::mutex g_live_mutex;
@@ -118,14 +179,22 @@ DeviceBuffer::~DeviceBuffer() {
     }
   }
   BufferRegistry::instance().on_free(device_, address_, nbytes_);
-  if (array_ != nullptr && Py_IsInitialized()) {
-    PyGILState_STATE state = PyGILState_Ensure();
-    Py_DECREF(array_);
+  if ((array_ != nullptr || host_.defined()) && Py_IsInitialized()) {
+    PyGILState_STATE state = PyGILState_Ensure();  // host_ may be a view of an array
+    host_.reset();
+    Py_XDECREF(array_);
     PyGILState_Release(state);
   }
 }
 
 PyObject* DeviceBuffer::array(bool force) {
+  if (array_ == nullptr && host_.defined()) {  // the host tier's value: its array shares its memory
+    array_ = host_to_array(host_, device_);
+    if (array_ == nullptr) {
+      return nullptr;
+    }
+    host_shared_ = true;
+  }
   if (array_ != nullptr && g_lazy_type != nullptr && reinterpret_cast<PyObject*>(Py_TYPE(array_)) == g_lazy_type) {
     PyObject* value = PyObject_CallFunction(g_lazy_resolver, "OO", array_, force ? Py_True : Py_False);
     if (value == nullptr) {
@@ -139,6 +208,59 @@ PyObject* DeviceBuffer::array(bool force) {
   PyObject* result = array_ != nullptr ? array_ : Py_None;
   Py_INCREF(result);
   return result;
+}
+
+at::Tensor DeviceBuffer::host() {
+  if (!host_.defined()) {
+    PyObject* array = this->array(/*force=*/true);
+    if (array == nullptr) {
+      throw python_error();
+    }
+    if (array != Py_None) {
+      host_ = array_to_host(array);
+      host_shared_ = true;
+    }
+    Py_DECREF(array);
+  }
+  return host_;
+}
+
+at::Tensor DeviceBuffer::host_for_write(c10::ScalarType dtype) {
+  at::Tensor flat = host();
+  if (!flat.defined()) {
+    flat = at::zeros({static_cast<int64_t>(nbytes_ / c10::elementSize(dtype))}, at::TensorOptions().dtype(dtype));
+    set_host(flat);
+  } else if (host_shared_) {
+    flat = flat.clone();
+    set_host(flat);
+  }
+  return flat;
+}
+
+void DeviceBuffer::set_host(at::Tensor flat) {
+  PyObject* old = array_;
+  array_ = nullptr;
+  array_dtype_ = flat.scalar_type();
+  array_numel_ = flat.numel();
+  host_ = std::move(flat);
+  host_shared_ = false;
+  Py_XDECREF(old);
+}
+
+void set_host_hooks(PyObject* to_dlpack, PyObject* from_dlpack, PyObject* jax_device) {
+  for (PyObject** slot : {&g_to_dlpack, &g_from_dlpack, &g_jax_device}) {
+    Py_XDECREF(*slot);
+  }
+  for (PyObject*& device : g_jax_devices) {
+    Py_XDECREF(device);
+  }
+  g_jax_devices.clear();
+  Py_INCREF(to_dlpack);
+  Py_INCREF(from_dlpack);
+  Py_INCREF(jax_device);
+  g_to_dlpack = to_dlpack;
+  g_from_dlpack = from_dlpack;
+  g_jax_device = jax_device;
 }
 
 void set_lazy_hook(PyObject* type, PyObject* resolver) {
@@ -165,6 +287,8 @@ void DeviceBuffer::set_array(PyObject* array, c10::ScalarType dtype, int64_t num
   }
   array_dtype_ = dtype;
   array_numel_ = numel;
+  host_.reset();
+  host_shared_ = false;
   Py_XDECREF(old);
 }
 

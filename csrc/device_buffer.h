@@ -35,8 +35,21 @@ class DeviceBuffer {
   // (Undefined/-1 otherwise); they let the dispatcher take its fast path.
   // Caller holds the GIL.
   void set_array(PyObject* array, c10::ScalarType dtype = c10::ScalarType::Undefined, int64_t numel = -1);
+  bool written() const { return array_ != nullptr || host_.defined(); }  // else it reads as zeros
   c10::ScalarType array_dtype() const { return array_dtype_; }
   int64_t array_numel() const { return array_numel_; }
+
+  // The value as a flat CPU tensor over the buffer's host memory (the host tier, on the CPU
+  // client): the value the host tier computed, or a view of the array, made on first use and
+  // kept. Undefined if the storage was never written. Caller holds the GIL; throws if reading
+  // the array fails. The caller must not write it (see host_for_write).
+  at::Tensor host();
+  // host(), for a caller that writes it in place: a private copy first when an array shares
+  // its memory (the copy becomes the value), zeros of `dtype` if never written.
+  at::Tensor host_for_write(c10::ScalarType dtype);
+  // Makes `flat` (a contiguous 1-D CPU tensor, handed over) the value; the array is made from
+  // it when first read. Caller holds the GIL.
+  void set_host(at::Tensor flat);
 
  private:
   int device_;
@@ -45,6 +58,8 @@ class DeviceBuffer {
   PyObject* array_ = nullptr;  // a jax.Array, or a lazy value (torch_tpu/compile/lazy.py)
   c10::ScalarType array_dtype_ = c10::ScalarType::Undefined;
   int64_t array_numel_ = -1;
+  at::Tensor host_;           // the value on the host, or undefined
+  bool host_shared_ = false;  // an array shares host_'s memory (it must not be written)
 };
 
 // The allocator registered for the PrivateUse1 device type: a c10::DeviceAllocator, so
@@ -58,6 +73,12 @@ void set_memory_info_hook(PyObject* hook);
 // The lazy-value type and its resolver (value, force) -> the concrete array, or the
 // value itself while it is still pending and not forced. Caller holds the GIL.
 void set_lazy_hook(PyObject* type, PyObject* resolver);
+
+// How buffers move between jax arrays and CPU tensors on the CPU client (DLPack, no copy):
+// `to_dlpack` is jax's buffer_to_dlpack_managed_tensor(array), `from_dlpack` its
+// dlpack_managed_tensor_to_buffer(capsule, device, stream), `jax_device` maps a tpu index to
+// its jax device. Caller holds the GIL.
+void set_host_hooks(PyObject* to_dlpack, PyObject* from_dlpack, PyObject* jax_device);
 
 // Whether lazy mode records ops: then the dispatcher's argument reads do not force
 // pending values (every other read does).

@@ -14,6 +14,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "csrc/device_buffer.h"
+#include "csrc/host_tier.h"
 
 namespace py = pybind11;
 
@@ -35,6 +37,7 @@ namespace {
 std::atomic<bool> g_enabled{true};  // off once SPMD placement is installed
 std::atomic<int64_t> g_hits{0};
 std::atomic<int64_t> g_executions{0};
+std::atomic<int64_t> g_host_runs{0};
 thread_local int g_precision_override = -1;  // a graph's own matmul precision while it runs
 // Entries over all ops, and the most kept (the dispatcher's op cache size): past it, all go.
 size_t g_entry_count = 0;  // guarded by the GIL, as the tables are
@@ -51,12 +54,17 @@ struct Entry {
   std::vector<Output> fresh;
   at::ScalarType self_dtype = at::ScalarType::Undefined;  // in-place ops: the new buffer's spec
   int64_t self_numel = -1;
+  // Set instead of `run` while the executable compiles in the background: calls run on the host
+  // tier until this torch_tpu.runtime.background_compile.Job is done.
+  py::object job;
 };
 
 // One call as the fast path reads it.
 struct Call {
   std::string key;
-  py::list inputs;  // the executable's inputs: buffers and traced numbers, in argument order
+  // The executable's inputs in argument order: a tensor's buffer (its array is read only when
+  // an executable runs), or a traced number.
+  std::vector<std::pair<DeviceBuffer*, py::object>> inputs;
   int device = -1;
 };
 
@@ -236,7 +244,13 @@ class OpState {
         auto it = entries_.find(call.key);
         if (it != entries_.end()) {
           std::shared_ptr<const Entry> entry = it->second;  // the table may change while it runs
-          if (run(*entry, stack, call)) {
+          if (entry->job) {
+            if (!compiled(entry->job) && run_on_host(op, stack, call.device)) {
+              return;
+            }
+            entries_.erase(it);  // compiled (or the host kernel failed): the Python kernel takes it
+            --g_entry_count;
+          } else if (run(*entry, stack, call)) {
             return;
           }
         }
@@ -263,7 +277,7 @@ class OpState {
       const c10::IValue& v = args[i];
       if (traced_[i] && (v.isInt() || v.isDouble() || v.isBool()) && !is_default(v, defaults_[i])) {
         key += v.isInt() ? "Ni" : v.isDouble() ? "Nf" : "Nb";
-        call.inputs.append(number(v));
+        call.inputs.emplace_back(nullptr, number(v));
       } else if (!read_value(v, call)) {
         return false;
       }
@@ -356,15 +370,15 @@ class OpState {
       switch (t.scalar_type()) {
         case at::ScalarType::Bool:
           key += "wb";
-          call.inputs.append(py::bool_(*t.const_data_ptr<bool>()));
+          call.inputs.emplace_back(nullptr, py::bool_(*t.const_data_ptr<bool>()));
           return true;
         case at::ScalarType::Long:
           key += "wi";
-          call.inputs.append(py::int_(*t.const_data_ptr<int64_t>()));
+          call.inputs.emplace_back(nullptr, py::int_(*t.const_data_ptr<int64_t>()));
           return true;
         case at::ScalarType::Double:
           key += "wf";
-          call.inputs.append(py::float_(*t.const_data_ptr<double>()));
+          call.inputs.emplace_back(nullptr, py::float_(*t.const_data_ptr<double>()));
           return true;
         default:
           return false;
@@ -406,16 +420,29 @@ class OpState {
       return false;  // the Python kernel raises the same-device error
     }
     call.device = device;
-    PyObject* array = buffer.array(/*force=*/true);
-    if (array == nullptr) {
-      PyErr_Clear();
-      return false;
+    call.inputs.emplace_back(&buffer, py::object());
+    return true;
+  }
+
+  // The executable's input list; false (a Python error cleared) if a buffer cannot be read as
+  // an array, or was never written (the Python kernel makes its zeros).
+  static bool arrays(const Call& call, py::list& out) {
+    for (const auto& [buffer, number] : call.inputs) {
+      if (buffer == nullptr) {
+        out.append(number);
+        continue;
+      }
+      PyObject* array = buffer->array(/*force=*/true);
+      if (array == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      py::object owned = py::reinterpret_steal<py::object>(array);
+      if (array == Py_None) {
+        return false;
+      }
+      out.append(owned);
     }
-    py::object owned = py::reinterpret_steal<py::object>(array);
-    if (array == Py_None) {
-      return false;  // never written: the Python kernel makes its zeros
-    }
-    call.inputs.append(owned);
     return true;
   }
 
@@ -423,7 +450,11 @@ class OpState {
   // sends the call to the Python kernel.
   bool run(const Entry& entry, torch::jit::Stack* stack, Call& call) const {
     const auto args = torch::jit::last(stack, num_args_);
-    PyObject* out = PyObject_CallFunctionObjArgs(entry.run.ptr(), call.inputs.ptr(), Py_None, nullptr);
+    py::list inputs;
+    if (!arrays(call, inputs)) {
+      return false;
+    }
+    PyObject* out = PyObject_CallFunctionObjArgs(entry.run.ptr(), inputs.ptr(), Py_None, nullptr);
     if (out == nullptr) {
       PyErr_Clear();  // the Python kernel runs it again and raises its error (out of memory, ...)
       return false;
@@ -451,6 +482,67 @@ class OpState {
         t.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides);
       }
       stack->push_back(std::move(t));
+    }
+    return true;
+  }
+
+  // Whether a background compile `job` finished; a call waiting for it counts towards its
+  // rank (runtime/background_compile.py).
+  static bool compiled(const py::object& job) {
+    if (py::cast<bool>(job.attr("done"))) {
+      return true;
+    }
+    job.attr("calls") = py::cast<int64_t>(job.attr("calls")) + 1;
+    return false;
+  }
+
+  // Runs the call with the op's CPU kernel on its tensors' host memory (host_tier.h): in place
+  // into a writable view of self's buffer, or fresh CPU results wrapped as tpu tensors. False
+  // (no Python error set) if the CPU kernel raised: the Python kernel then runs the call.
+  bool run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack, int device) const {
+    const auto args = torch::jit::last(stack, num_args_);
+    torch::jit::Stack host;
+    host.reserve(num_args_);
+    std::vector<const void*> read;  // host memory the inputs view: a result aliasing it is copied
+    auto view = [&](const at::Tensor& t, bool writable) {
+      at::Tensor v = host_view(t, writable);
+      read.push_back(v.storage().data());
+      return v;
+    };
+    try {
+      for (size_t i = 0; i < args.size(); ++i) {
+        const c10::IValue& v = args[i];
+        if (is_tpu(v)) {
+          host.emplace_back(view(v.toTensor(), inplace_ && i == 0));
+        } else if (v.isTensorList()) {
+          c10::List<at::Tensor> list;
+          for (const at::Tensor& t : v.toTensorList()) {
+            list.push_back(t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 ? view(t, false) : t);
+          }
+          host.emplace_back(std::move(list));
+        } else {
+          host.push_back(v);
+        }
+      }
+      op.callBoxed(host);
+    } catch (const std::exception&) {
+      PyErr_Clear();
+      return false;
+    }
+    g_host_runs.fetch_add(1, std::memory_order_relaxed);
+    if (inplace_) {
+      c10::IValue self = args[0];
+      torch::jit::drop(stack, num_args_);
+      stack->push_back(std::move(self));
+      return true;
+    }
+    torch::jit::drop(stack, num_args_);
+    for (c10::IValue& result : host) {
+      at::Tensor value = result.toTensor();
+      if (std::find(read.begin(), read.end(), value.storage().data()) != read.end()) {
+        value = value.clone();  // the kernel handed back an input's memory: the result owns its own
+      }
+      stack->push_back(wrap_host(value, device));
     }
     return true;
   }
@@ -537,36 +629,45 @@ void register_eager_kernel(const std::string& label, const std::string& name, co
 
 using OutputSpec = std::tuple<std::vector<int64_t>, std::optional<std::vector<int64_t>>, at::ScalarType>;
 
-// Called by the Python kernel after a miss ran: `run` is the executable for the innermost
-// frame's call, if that frame is op `label` with `bound`'s tpu tensors. True if taken.
-bool offer_eager_entry(const std::string& label, const py::list& bound, const py::object& run,
-                       const std::vector<OutputSpec>& fresh,
-                       const std::optional<std::pair<at::ScalarType, int64_t>>& self_spec, size_t limit) {
+// The innermost miss in progress, if it is op `label`'s call with `bound`'s tpu tensors (not a
+// call its kernel rewrote) and nothing was offered for it yet; else null.
+Frame* frame_of(const std::string& label, const py::list& bound) {
   if (g_frames.empty()) {
-    return false;
+    return nullptr;
   }
   Frame& frame = *g_frames.back();
   const std::vector<c10::IValue>& args = *frame.arguments;
-  if (frame.op->name() != label || frame.offered != nullptr || bound.size() != args.size() ||
-      frame.op->inplace() != self_spec.has_value()) {
-    return false;
+  if (frame.op->name() != label || frame.offered != nullptr || bound.size() != args.size()) {
+    return nullptr;
   }
   for (size_t i = 0; i < args.size(); ++i) {  // the same tensors: not a call the kernel rewrote
     if (is_tpu(args[i]) && !same_impl(bound[i], args[i].toTensor())) {
-      return false;
+      return nullptr;
     }
     if (args[i].isTensorList()) {
       const auto list = args[i].toTensorList();
       py::handle given = bound[i];
       if (!PyList_Check(given.ptr()) || static_cast<size_t>(PyList_GET_SIZE(given.ptr())) != list.size()) {
-        return false;
+        return nullptr;
       }
       for (size_t j = 0; j < list.size(); ++j) {
         if (!same_impl(PyList_GET_ITEM(given.ptr(), j), list.get(j))) {
-          return false;
+          return nullptr;
         }
       }
     }
+  }
+  return &frame;
+}
+
+// Called by the Python kernel after a miss ran: `run` is the executable for the innermost
+// frame's call (see frame_of). True if taken.
+bool offer_eager_entry(const std::string& label, const py::list& bound, const py::object& run,
+                       const std::vector<OutputSpec>& fresh,
+                       const std::optional<std::pair<at::ScalarType, int64_t>>& self_spec, size_t limit) {
+  Frame* frame = frame_of(label, bound);
+  if (frame == nullptr || frame->op->inplace() != self_spec.has_value()) {
+    return false;
   }
   auto entry = std::make_shared<Entry>();
   entry->run = run;
@@ -577,7 +678,21 @@ bool offer_eager_entry(const std::string& label, const py::list& bound, const py
     entry->self_dtype = self_spec->first;
     entry->self_numel = self_spec->second;
   }
-  frame.offered = std::move(entry);
+  frame->offered = std::move(entry);
+  g_entry_limit = limit;
+  return true;
+}
+
+// Called by the Python kernel when the innermost frame's call ran on the host tier while
+// `job` compiles: the key's later calls run on the host in C++ until the job is done.
+bool offer_host_entry(const std::string& label, const py::list& bound, const py::object& job, size_t limit) {
+  Frame* frame = frame_of(label, bound);
+  if (frame == nullptr) {
+    return false;
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->job = job;
+  frame->offered = std::move(entry);
   g_entry_limit = limit;
   return true;
 }
@@ -589,17 +704,20 @@ void init_eager_kernels(py::module_& m) {
         py::arg("kernel"), py::arg("traced"), py::arg("inplace"), py::arg("locks"));
   m.def("_offer_eager_entry", &offer_eager_entry, py::arg("label"), py::arg("bound"), py::arg("run"),
         py::arg("fresh"), py::arg("self_spec"), py::arg("limit"));
+  m.def("_offer_host_entry", &offer_host_entry, py::arg("label"), py::arg("bound"), py::arg("job"), py::arg("limit"));
   m.def("_set_eager_fast_path", [](bool on) { g_enabled = on; }, py::arg("on"));
   m.def("_set_matmul_precision_override", [](std::optional<int> level) { g_precision_override = level.value_or(-1); },
         py::arg("level"));
   m.def("_clear_eager_entries", [] { OpState::clear_all(); });
   m.def("_eager_entry_count", [] { return g_entry_count; });
   m.def("_eager_counters", [] {
-    return py::make_tuple(g_hits.load(std::memory_order_relaxed), g_executions.load(std::memory_order_relaxed));
+    return py::make_tuple(g_hits.load(std::memory_order_relaxed), g_executions.load(std::memory_order_relaxed),
+                          g_host_runs.load(std::memory_order_relaxed));
   });
   m.def("_reset_eager_counters", [] {
     g_hits = 0;
     g_executions = 0;
+    g_host_runs = 0;
   });
 }
 

@@ -16,6 +16,7 @@
 #include "csrc/device.h"
 #include "csrc/device_buffer.h"
 #include "csrc/eager_kernel.h"
+#include "csrc/host_tier.h"
 #include "csrc/profiler.h"
 
 namespace py = pybind11;
@@ -149,6 +150,7 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("array"), py::arg("sizes"), py::arg("dtype"), py::arg("device"));
 
   init_eager_kernels(m);
+  init_host_tier(m);
 
   m.def("_memory_stats", &memory_stats, py::arg("device"));
   m.def("_reset_peak_memory_stats", [](int d) { core::BufferRegistry::instance().reset_peak(d); });

@@ -137,3 +137,42 @@ def test_exit_with_compiles_pending_does_not_wait_for_them():
     assert result.returncode == 0, result.stderr[-2000:]
     queued, compiled = map(int, result.stdout.split())
     assert queued > 100 and compiled < 59 * 3 - 90, (queued, compiled)
+
+
+def test_growing_append_and_attention_run_on_the_host_then_bucketed():
+    """A KV cache grown by appends: while the bucketed executables compile, the appends give
+    bucketed tensors on the host and attention over them runs there; both equal CPU throughout."""
+    heads, dim = 2, 8
+    q = torch.randn(1, heads, 1, dim)
+    k_cpu = torch.randn(1, heads, next(_SHAPES) % 7 + 9, dim)
+    v_cpu = torch.randn_like(k_cpu)
+    k, v = k_cpu.to("tpu"), v_cpu.to("tpu")
+    for step in range(6):
+        new_k, new_v = torch.randn(1, heads, 1, dim), torch.randn(1, heads, 1, dim)
+        k_cpu, v_cpu = torch.cat([k_cpu, new_k], 2), torch.cat([v_cpu, new_v], 2)
+        k, v = torch.cat([k, new_k.to("tpu")], 2), torch.cat([v, new_v.to("tpu")], 2)
+        assert k.untyped_storage().nbytes() == k.numel() * k.element_size()  # exact to PyTorch
+        want = torch.nn.functional.scaled_dot_product_attention(q, k_cpu, v_cpu)
+        got = torch.nn.functional.scaled_dot_product_attention(q.to("tpu"), k, v)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k.cpu(), k_cpu)
+        if step == 2:
+            assert background_compile.drain(timeout=300)
+    assert _count("length_bucketed_ops") > 0
+
+
+def test_hf_generate_matches_cpu():
+    transformers = pytest.importorskip("transformers")
+    from torch_tpu.testing.models import TINY_LLAMA
+
+    config = transformers.LlamaConfig(**{**TINY_LLAMA, "hidden_size": 48 + next(_SHAPES) % 4 * 16})
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, 6))
+    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    with torch.no_grad():
+        want = model.generate(prompt, **settings)
+        runs = _count("host_tier_runs")
+        got = model.to("tpu").generate(prompt.to("tpu"), **settings)
+    assert _count("host_tier_runs") > runs
+    assert got.cpu().tolist() == want.tolist()

@@ -46,11 +46,11 @@ def compile_seconds() -> dict[str, float]:
 
 
 def _native_counts() -> dict[str, int]:
-    """The C++ eager path's counters (csrc/eager_kernel.cc): its cache hits and executions."""
+    """The C++ eager path's counters (csrc/eager_kernel.cc): its cache hits, executions and host-tier runs."""
     from torch_tpu import _C
 
-    hits, executions = _C._eager_counters()
-    return {"op_cache_hits": hits, "executions": executions}
+    hits, executions, host_runs = _C._eager_counters()
+    return {"op_cache_hits": hits, "executions": executions, "host_tier_runs": host_runs}
 
 
 def counters() -> dict:

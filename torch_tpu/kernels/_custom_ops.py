@@ -16,12 +16,15 @@ NAMESPACE = "tpu_kernels"
 _lib = torch.library.Library(NAMESPACE, "DEF")
 
 
-def define(schema: str, lowering: Callable, fake: Callable) -> OpOverload:
+def define(schema: str, lowering: Callable, fake: Callable, cpu: Callable | None = None) -> OpOverload:
     """Defines `tpu_kernels::<schema>` with `fake` as its meta/fake kernel and `lowering`
-    (jax arrays in, jax arrays out; see docs/lowerings.md) as its tpu kernel and lowering."""
+    (jax arrays in, jax arrays out; see docs/lowerings.md) as its tpu kernel and lowering.
+    `cpu`, if given, is its kernel on CPU tensors (the host tier runs it, ops/host_tier.py)."""
     name = _lib.define(schema)
     op: OpOverload = getattr(getattr(torch.ops, NAMESPACE), name).default
     torch.library.register_fake(op, fake, lib=_lib)
     registry.lower(op)(lowering)
     _lib.impl(name, dispatcher.make_kernel(op, registry.table()[op], derived=False), "PrivateUse1")
+    if cpu is not None:
+        _lib.impl(name, cpu, "CPU")
     return op

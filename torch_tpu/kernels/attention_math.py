@@ -18,7 +18,7 @@ from jax import lax
 
 from torch_tpu.kernels import flash
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import growing, precision, tensors
+from torch_tpu.ops import growing, host_tier, precision, tensors
 from torch_tpu.runtime import executable_cache
 
 
@@ -83,17 +83,22 @@ def bucketed_forward(query, key, value, causal: bool, sm_scale: float) -> tuple[
         return None
     if query.is_conj() or query.is_neg() or query.dtype != key.dtype or query.device != key.device:
         return None
-    k_buf, v_buf = growing.contiguous_buffer(key), growing.contiguous_buffer(value)
-    if k_buf is None or v_buf is None or k_buf.size == key.numel() or k_buf.size != v_buf.size:
+    k_size, v_size = growing.row_major_length(key), growing.row_major_length(value)
+    if k_size is None or v_size is None or k_size == key.numel() or k_size != v_size:
         return None
     batch, heads, key_len, head_dim = key.shape
-    padded = k_buf.size // (batch * heads * head_dim)
-    if k_buf.size != batch * heads * padded * head_dim:
+    padded = k_size // (batch * heads * head_dim)
+    if k_size != batch * heads * padded * head_dim:
         return None
-    q_buf = tensors.buffer_of(query)
-    q_geom = tensors.tensor_geometry(query, q_buf)
-    kv_shape = (batch, heads, padded, head_dim)
-    growing.counted(("attention", q_geom, key.dtype, kv_shape, causal, sm_scale))
-    out, lse = _bucketed_forward(q_buf, k_buf, v_buf, key_len, q_geom, kv_shape, causal, sm_scale)
     device = query.device.index
+    q_geom, k_geom = tensors.known_geometry(query), tensors.known_geometry(key)
+    kv_shape = (batch, heads, padded, head_dim)
+    statics = (q_geom, kv_shape, causal, sm_scale)
+    if host_tier.available():
+        q_abs, kv_abs = tensors.abstract_buffer(q_geom, device), tensors.abstract_buffer(k_geom, device)
+        if not _bucketed_forward.ready(q_abs, kv_abs, kv_abs, key_len, *statics):  # compiling: on the host
+            return host_tier.run(forward_op, (query, key, value, causal, sm_scale), {}, device)
+    growing.counted(("attention", q_geom, key.dtype, kv_shape, causal, sm_scale))
+    bufs = (tensors.buffer_of(t) for t in (query, key, value))
+    out, lse = _bucketed_forward(*bufs, key_len, *statics)
     return tensors.from_jax(out, device), tensors.from_jax(lse, device)

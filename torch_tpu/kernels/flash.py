@@ -261,6 +261,15 @@ def _bwd_fake(dout, q, k, v, out, lse, causal, sm_scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def attention_on_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float):
+    """The forward's (out, logsumexp) with CPU's flash attention kernel, grouped key/value heads
+    repeated for the query heads that share them: the forward ops' CPU kernel (the host tier's)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=sm_scale)
+
+
 def define_attention_ops(name: str, forward, backward) -> tuple:
     """`tpu_kernels::<name>_fwd` and `<name>_bwd`: attention with this kernel's contract
     (forward gives (out, logsumexp); backward gives (dq, dk, dv)), lowered to `forward`/`backward`."""
@@ -268,6 +277,7 @@ def define_attention_ops(name: str, forward, backward) -> tuple:
         f"{name}_fwd(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale) -> (Tensor, Tensor)",
         forward,
         _fwd_fake,
+        attention_on_cpu,
     )
     backward_op = _custom_ops.define(
         f"{name}_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "

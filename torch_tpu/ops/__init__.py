@@ -8,7 +8,7 @@ import pkgutil
 
 import torch
 
-from torch_tpu.ops import checks, dispatcher, fallback, lowerings, registry
+from torch_tpu.ops import checks, dispatcher, fallback, host_tier, lowerings, registry
 from torch_tpu.ops.registry import aten, lower
 
 _libraries: list[torch.library.Library] = []
@@ -22,6 +22,7 @@ def install() -> None:
     for module in pkgutil.iter_modules(lowerings.__path__):
         importlib.import_module(f"{lowerings.__name__}.{module.name}")
     importlib.import_module("torch_tpu.kernels.sdpa")
+    host_tier.install()
     lib = torch.library.Library("aten", "IMPL")
     for key in registry.dispatch_keys():
         for op, lowering in registry.table(key).items():

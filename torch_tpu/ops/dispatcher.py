@@ -536,6 +536,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
                 if state == "host":
                     result = _run_on_host(op, plan, args, kwargs, bound, device)
                     if result is not _FAILED:
+                        _C._offer_host_entry(plan.label, bound, entry.job, executable_cache.op_cache_size())
                         return result
                     entry.job = False
                 entry.compiled = True
@@ -625,7 +626,7 @@ def _run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound:
     """The call on the host tier, or _FAILED when its CPU kernel raised (the executable then
     runs the call, as it would have without the host tier, and raises what it raises)."""
     try:
-        return host_tier.run(op, args, kwargs, _mutable_tensors(plan, bound), plan.returns, bound, device)
+        return host_tier.run(op, args, kwargs, device, _mutable_tensors(plan, bound))
     except Exception:
         return _FAILED
 

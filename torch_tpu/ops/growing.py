@@ -32,8 +32,7 @@ from jax import lax
 
 from torch_tpu import _C, metrics
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import spmd, tensors
-from torch_tpu.ops.dtypes import to_numpy_dtype
+from torch_tpu.ops import host_tier, spmd, tensors
 from torch_tpu.runtime import executable_cache
 
 MIN_BUCKET = 16
@@ -48,19 +47,26 @@ def bucket(n: int) -> int:
     return max(MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
-def contiguous_buffer(t) -> object | None:
-    """The flat buffer behind `t` if `t` is a plain tpu tensor laid out row-major from the start
-    of it (exactly, or bucketed), else None."""
+def row_major_length(t) -> int | None:
+    """The length of the buffer behind `t` if `t` is a plain tpu tensor laid out row-major from
+    the start of it (exactly, or bucketed), else None. Reads only what the buffer holds."""
     if not isinstance(t, torch.Tensor) or t.device.type != "tpu" or t.dim() == 0:
         return None
     if t.is_conj() or t.is_neg() or t.storage_offset() != 0 or not t.is_contiguous() or t.numel() == 0:
         return None
     if _C._buffer_offset(t) != 0:
         return None
-    buf = tensors.buffer_of(t)
-    if buf.ndim != 1 or buf.dtype != to_numpy_dtype(t.dtype):
+    dtype, length = _C._buffer_spec(t)
+    return length if dtype == t.dtype else None
+
+
+def contiguous_buffer(t) -> object | None:
+    """The flat buffer behind `t` if `t` is a plain tpu tensor laid out row-major from the start
+    of it (exactly, or bucketed), else None."""
+    if row_major_length(t) is None:
         return None
-    return buf
+    buf = tensors.buffer_of(t)
+    return buf if buf.ndim == 1 else None
 
 
 def active() -> bool:
@@ -130,29 +136,42 @@ def cat(tensors_, dim=0) -> torch.Tensor | None:
         return None
     if b.is_conj() or b.is_neg():
         return None
-    a_buf = contiguous_buffer(a)
-    if a_buf is None:
+    a_size = row_major_length(a)
+    if a_size is None:
         return None
     a_len, b_len = a.shape[dim], b.shape[dim]
-    if a_buf.size == a.numel() and a_len < 2 * b_len:  # neither bucketed nor an append
+    if a_size == a.numel() and a_len < 2 * b_len:  # neither bucketed nor an append
         return None
     outer, inner = _split(tuple(a.shape), dim)
-    a_padded = a_buf.size // (outer * inner)
+    a_padded = a_size // (outer * inner)
     out_len = a_len + b_len
     out_padded = bucket(out_len)
-    if a_buf.size != outer * a_padded * inner or a_padded > out_padded:
+    if a_size != outer * a_padded * inner or a_padded > out_padded:
         return None
     if outer * out_padded * inner * a.element_size() > MAX_BYTES:
         return None
-    b_buf = tensors.buffer_of(b)
-    b_geom = tensors.tensor_geometry(b, b_buf)
-    key = ("cat", a.dtype, outer, inner, a_padded, b_geom, out_padded)
-    counted(key)
-    flat = _append(a_buf, b_buf, a_len, outer, inner, a_padded, b_geom, out_padded)
+    device = a.device.index
+    a_geom, b_geom = tensors.known_geometry(a), tensors.known_geometry(b)
+    statics = (outer, inner, a_padded, b_geom, out_padded)
+    if host_tier.available():
+        abstract = (tensors.abstract_buffer(a_geom, device), tensors.abstract_buffer(b_geom, device))
+        if not _append.ready(*abstract, a_len, *statics):  # compiling: this append runs on the host
+            return _append_on_host(a, b, dim, outer * out_padded * inner)
+    counted(("cat", a.dtype, *statics))
+    flat = _append(tensors.buffer_of(a), tensors.buffer_of(b), a_len, *statics)
     sizes = list(a.shape)
     sizes[dim] = out_len
-    out = _C._wrap(flat, sizes, a.dtype, a.device.index)
+    out = _C._wrap(flat, sizes, a.dtype, device)
     _C._set_buffer(out, flat, a.dtype, flat.size)  # the buffer is longer than the storage
+    return out
+
+
+def _append_on_host(a: torch.Tensor, b: torch.Tensor, dim: int, capacity: int) -> torch.Tensor:
+    """`torch.cat([a, b], dim)` on the host tier, as a bucketed tensor of buffer length `capacity`."""
+    out = host_tier.run(torch.ops.aten.cat.default, ([a, b], dim), {}, a.device.index)
+    padded = _C._host_view(out).new_zeros(capacity)
+    padded[: out.numel()] = _C._host_view(out).reshape(-1)
+    _C._set_host(out, padded)  # the buffer is longer than the storage
     return out
 
 

@@ -1,16 +1,18 @@
 """The host tier: an eager op call runs with PyTorch's CPU kernel while its executable compiles.
 
 A first-seen op signature would otherwise wait for XLA (tens to hundreds of milliseconds per
-signature on the CPU client, more on a TPU) before it runs. Instead the dispatcher hands the
-compile to runtime/background_compile.py and runs the call here: the tensors' buffers are read
-as CPU tensors through their geometry, the op runs on the CPU, and its results become tpu
-tensors again. Calls of that signature keep running here until the executable is ready; then
-they run it. CPU's kernel is PyTorch's reference, so results are CPU's (an executable's may
-differ from them by rounding, as any tpu result may).
+signature on the CPU client) before it runs. Instead the dispatcher hands the compile to
+runtime/background_compile.py and runs the call here: the tensors' buffers are read as CPU
+tensors through their geometry, the op runs on the CPU, and its results become tpu tensors
+again. Calls of that signature keep running on the host (in C++, csrc/eager_kernel.cc, for the
+ops it serves) until the executable is ready; then they run it. CPU's kernel is PyTorch's
+reference, so results are CPU's (an executable's may differ from them by rounding, as any tpu
+result may).
 
-On the CPU client a buffer is host memory: both ways are DLPack views, no copy. A storage the
-op writes is copied first, and the copy becomes the storage's new buffer, as an executable's
-output would. Counted in metrics as "host_tier_runs".
+On the CPU client a buffer is host memory: both ways are DLPack views, no copy
+(csrc/host_tier.cc). A result stays a CPU tensor inside its buffer until an executable reads it.
+A storage the op writes gets a private copy first if an array shares its memory. Counted in
+metrics as "host_tier_runs".
 
 What runs here: jit-lowered ops of tpu tensors without math bits, not random, without out=
 tensors, outside lazy recording and SPMD placement, on the CPU client.
@@ -18,16 +20,20 @@ tensors, outside lazy recording and SPMD placement, on the CPU client.
 
 from __future__ import annotations
 
-import jax
+from collections.abc import Iterable
+
 import torch
 from jax._src.lib import _jax
 
 from torch_tpu import _C, metrics
-from torch_tpu.ops.dtypes import to_numpy_dtype
-from torch_tpu.ops.tensors import buffer_of, tensor_geometry
 from torch_tpu.runtime import background_compile, client
 
 _CPU = torch.device("cpu")
+
+
+def install() -> None:
+    """Gives the C++ buffers jax's DLPack functions (the moves between arrays and CPU tensors)."""
+    _C._set_host_hooks(_jax.buffer_to_dlpack_managed_tensor, _jax.dlpack_managed_tensor_to_buffer, client.jax_device)
 
 
 def available() -> bool:
@@ -38,82 +44,61 @@ def available() -> bool:
 
 def readable(t: torch.Tensor) -> bool:
     """Whether a tpu tensor can be read here: no math bits, and its buffer is of its own dtype."""
-    if t.is_conj() or t.is_neg():
-        return False
-    buf = _C._get_buffer(t)
-    return buf is None or (buf.ndim == 1 and buf.dtype == to_numpy_dtype(t.dtype))
+    return _C._host_readable(t)
 
 
-def _host_view(buf: jax.Array) -> torch.Tensor:
-    """A CPU tensor over a flat buffer's memory (it waits for the buffer to be computed)."""
-    return torch.utils.dlpack.from_dlpack(_jax.buffer_to_dlpack_managed_tensor(buf))
+def run(op, args: tuple, kwargs: dict, device: int, mutated: Iterable = ()):
+    """`op(*args, **kwargs)` with its CPU kernel on the tpu tensors' buffers: fresh results come
+    back as tpu tensors, and a result that is an argument (an in-place op's self) as that
+    argument. `mutated`: the tensors it writes in place (their storages' values become what it
+    wrote)."""
+    written = {id(t) for t in mutated if t is not None}
+    views: dict[int, torch.Tensor] = {}  # id(view) -> the tpu tensor it reads
 
-
-def _device_array(flat: torch.Tensor, device: int) -> jax.Array:
-    """A flat buffer on tpu device `device` over a contiguous 1-D CPU tensor's memory."""
-    return _jax.dlpack_managed_tensor_to_buffer(flat.__dlpack__(), client.jax_device(device), None)
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    """The tpu buffer `t` reads: a storage slice shares its parent's."""
-    return t.untyped_storage().data_ptr() - _C._buffer_offset(t)
-
-
-def run(op, args: tuple, kwargs: dict, mutated: list, returns: list, bound: list, device: int):
-    """`op(*args, **kwargs)` with its CPU kernel on the tpu tensors' buffers; `mutated`: the
-    tensors it writes (their storages get the written copies as buffers); `returns`: the
-    dispatcher's OpPlan.returns ("fresh", i) / ("arg", i) over `bound`."""
-    written = {_storage_key(t) for t in mutated if t is not None}
-    flats: dict[int, torch.Tensor] = {}  # buffer key -> the CPU tensor over it (a copy if written)
-    inputs: list[torch.Tensor] = []
-
-    def to_host(x):
+    def to_host(x, writable_pass: bool):
         if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-            key = _storage_key(x)
-            buf = buffer_of(x)
-            flat = flats.get(key)
-            if flat is None:
-                flat = _host_view(buf)
-                if key in written:
-                    flat = flat.clone()
-                flats[key] = flat
-            inputs.append(flat)
-            g = tensor_geometry(x, buf)
-            return flat.as_strided(g.sizes, g.strides, g.offset)
+            if (id(x) in written) != writable_pass:
+                return x
+            view = _C._host_view(x, writable_pass)
+            views[id(view)] = x
+            return view
         if isinstance(x, (list, tuple)):
-            return type(x)(to_host(v) for v in x)
+            return type(x)(to_host(v, writable_pass) for v in x)
         if isinstance(x, torch.device) and x.type == "tpu":
             return _CPU
         return x
 
-    host_args = tuple(to_host(a) for a in args)
-    host_kwargs = {k: to_host(v) for k, v in kwargs.items()}
-    result = op(*host_args, **host_kwargs)
-    for t in mutated:
-        if t is not None:
-            flat = flats[_storage_key(t)]
-            _C._set_buffer(t, _device_array(flat, device), t.dtype, flat.numel())
+    # The written storages first: the other arguments' views then read their private copies.
+    for writable_pass in (True, False):
+        args = tuple(to_host(a, writable_pass) for a in args)
+        kwargs = {k: to_host(v, writable_pass) for k, v in kwargs.items()}
+    result = op(*args, **kwargs)  # (args keep the views, so their ids stay theirs)
     metrics.bump("host_tier_runs")
-    results = result if isinstance(result, tuple) else (result,)
-    out = []
-    for value, (kind, i) in zip(results if returns else (), returns):
-        out.append(_to_device(value, device, inputs) if kind == "fresh" else bound[i])
-    if not out:
-        return None
-    return out[0] if len(out) == 1 else tuple(out)
+    storages = {_storage(v) for v in _leaves((args, kwargs))}
+
+    def to_device(value):
+        if isinstance(value, (list, tuple)):
+            return type(value)(to_device(v) for v in value)
+        if not isinstance(value, torch.Tensor):
+            return value
+        if id(value) in views:
+            return views[id(value)]  # the op handed back its argument (in place)
+        if _storage(value) in storages:
+            value = value.clone()  # a kernel that handed back an input's memory: the result owns its own
+        return _C._wrap_host(value, device)
+
+    return to_device(result)
 
 
-def _to_device(value, device: int, inputs: list[torch.Tensor]):
-    """A fresh CPU result as a tpu tensor of the same shape, strides and offset."""
-    if isinstance(value, (list, tuple)):
-        return [_to_device(v, device, inputs) for v in value]
-    if not isinstance(value, torch.Tensor):
-        return value
-    storage = value.untyped_storage()
-    if any(storage.data_ptr() == t.untyped_storage().data_ptr() for t in inputs):
-        value = value.clone()  # a kernel that handed back an input's memory: the result owns its own
-        storage = value.untyped_storage()
-    n = storage.nbytes() // value.element_size()
-    flat = value.as_strided((n,), (1,), 0)
-    out = _C._wrap(_device_array(flat, device), [n], value.dtype, device)
-    return out.as_strided_(value.shape, value.stride(), value.storage_offset())
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _leaves(tree) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, (list, tuple)):
+        return [leaf for item in tree for leaf in _leaves(item)]
+    return []

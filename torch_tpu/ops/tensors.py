@@ -54,6 +54,23 @@ def tensor_geometry(t: torch.Tensor, buf: jax.Array):
     return geo.Geometry(tuple(t.shape), tuple(t.stride()), _offset(t), dtype, buf.dtype, buf.size)
 
 
+def known_geometry(t: torch.Tensor) -> geo.Geometry:
+    """`tensor_geometry` without reading the buffer where its dtype and length are known (a
+    value the host tier made stays on the host)."""
+    dtype, length = _C._buffer_spec(t)
+    if dtype is None:
+        return tensor_geometry(t, buffer_of(t))
+    return geo.Geometry(
+        tuple(t.shape), tuple(t.stride()), _offset(t), to_numpy_dtype(t.dtype), to_numpy_dtype(dtype), length
+    )
+
+
+def abstract_buffer(g: geo.Geometry, device: int) -> jax.ShapeDtypeStruct:
+    """What the buffer of geometry `g` on tpu device `device` is to jax, without the buffer."""
+    sharding = jax.sharding.SingleDeviceSharding(client.jax_device(device))
+    return jax.ShapeDtypeStruct((g.buffer_len,), g.buffer_dtype, sharding=sharding)
+
+
 def _offset(t: torch.Tensor) -> int:
     """`t`'s offset in elements into its buffer: a storage slice starts part-way into its parent's."""
     start = _C._buffer_offset(t)

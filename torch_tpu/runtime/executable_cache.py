@@ -33,7 +33,7 @@ from jax._src.array import ArrayImpl
 from jax.experimental import serialize_executable
 
 from torch_tpu import debug, metrics
-from torch_tpu.runtime import client, global_arrays, persistent_cache
+from torch_tpu.runtime import background_compile, client, global_arrays, persistent_cache
 
 _ArrayImpl = ArrayImpl  # a concrete array (not a tracer)
 
@@ -240,6 +240,8 @@ class FirstCall:
 def _leaf_signature(x):
     if type(x) is _ArrayImpl:  # committed or not: a Compiled's outputs keep what it was compiled with
         return (x.shape, x.dtype, x.weak_type, x.sharding, x._committed)
+    if type(x) is jax.ShapeDtypeStruct:  # what an array will be (Jit.ready): a committed one
+        return (x.shape, x.dtype, x.weak_type, x.sharding, True)
     if isinstance(x, (np.ndarray, np.generic)):
         return ("np", x.shape, x.dtype)
     if isinstance(x, (bool, int, float, complex)):
@@ -285,10 +287,44 @@ class Jit:
             fn, static_argnums=self._static_argnums, static_argnames=self._static_argnames, **jit_kwargs
         )
         self._compiled: dict = {}
+        self._pending: dict = {}  # signature -> its background compile (see ready)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
         global_arrays.before_program()  # the small programs eager lowerings run count too
+        sig, dyn_args, dyn_kwargs = self._signature(args, kwargs)
+        if sig is None:  # an argument kind we do not key on (or an unhashable static): plain jit
+            return self._jitted(*args, **kwargs)
+        compiled = self._compiled.get(sig)
+        if compiled is None:
+            compiled = self._compiled[sig] = self._compile(sig, args, kwargs)
+        return compiled(*dyn_args, **dyn_kwargs)
+
+    def ready(self, *args, **kwargs) -> bool:
+        """Whether the executable for these arguments (arrays or jax.ShapeDtypeStruct) is at hand:
+        in memory, or loaded now from the persistent cache. If not, it starts compiling in the
+        background (runtime/background_compile.py), and a later call says True once it is done
+        (or failed: the call then compiles it and raises what it raises)."""
+        sig = self._signature(args, kwargs)[0]
+        if sig is None or sig in self._compiled:
+            return True
+        job = self._pending.get(sig)
+        if job is None:
+            found = load(self._persist_key(sig))
+            if found is not None:
+                self._compiled[sig] = found[0]
+                return True
+            self._pending[sig] = background_compile.submit(lambda: self._compile(sig, args, kwargs, loaded=False))
+            return False
+        if not background_compile.called(job):
+            return False
+        del self._pending[sig]
+        if job.error is None:
+            self._compiled[sig] = job.result
+        return True
+
+    def _signature(self, args, kwargs) -> tuple:
+        """(key of the call's executable or None, dynamic args, dynamic kwargs)."""
         statics = self._static_argnums
         if statics:
             dyn_args = tuple(a for i, a in enumerate(args) if i not in statics)
@@ -303,18 +339,19 @@ class Jit:
         leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
         try:
             sig = (static, tree, tuple(_leaf_signature(x) for x in leaves))
-            compiled = self._compiled.get(sig)
-        except TypeError:  # an argument kind we do not key on (or an unhashable static): plain jit
-            return self._jitted(*args, **kwargs)
-        if compiled is None:
-            compiled = self._compiled[sig] = self._compile(sig, args, kwargs)
-        return compiled(*dyn_args, **dyn_kwargs)
+            hash(sig)
+        except TypeError:
+            sig = None
+        return sig, dyn_args, dyn_kwargs
 
-    def _compile(self, sig, args, kwargs):
+    def _persist_key(self, sig) -> str | None:
         static, tree, leaf_sigs = sig
         texts = [_leaf_text(s) for s in leaf_sigs]
-        key = None if None in texts else key_text("jit", (self.name, self.key, static, str(tree), texts))
-        found = load(key)
+        return None if None in texts else key_text("jit", (self.name, self.key, static, str(tree), texts))
+
+    def _compile(self, sig, args, kwargs, loaded: bool = True):
+        key = self._persist_key(sig)
+        found = load(key) if loaded else None
         if found is not None:
             return found[0]
         compiled = self._jitted.lower(*args, **kwargs).compile(compiler_options=op_compile_options())
