@@ -98,6 +98,26 @@ def test_inplace_through_views_is_seen_by_every_alias():
         assert background_compile.drain(timeout=300)
 
 
+def test_compiles_on_a_thread_when_asked(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_ASYNC_COMPILE", "thread")
+    a = torch.randn(next(_SHAPES), 3)
+    _host_then_compiled(lambda x: torch.tanh(x).cumsum(0), a)
+
+
+def test_a_dead_worker_costs_no_result():
+    """Jobs the worker process took down with it compile at their next call; results stay CPU's."""
+    x = torch.randn(next(_SHAPES), 6)
+    xt = x.to("tpu")
+    torch.testing.assert_close((xt * 5 - 2).cpu(), x * 5 - 2)  # starts the worker
+    worker = background_compile._process
+    if worker is not None:
+        worker.close()
+    for _ in range(3):
+        torch.testing.assert_close((xt.exp() / 4).cpu(), x.exp() / 4)
+        torch.testing.assert_close((xt * 5 - 2).cpu(), x * 5 - 2)
+        assert background_compile.drain(timeout=300)
+
+
 def test_random_ops_compile_before_they_run():
     compiles, runs = _count("op_compiles"), _count("host_tier_runs")
     torch.rand(next(_SHAPES), device="tpu")

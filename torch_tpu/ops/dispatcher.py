@@ -32,9 +32,10 @@ from torch_tpu.ops.registry import Lowering, SignatureCheck
 from torch_tpu.ops.rng import key_data, key_from_data_jit
 from torch_tpu.ops.schema import OpPlan, call_lowering, call_schema, conform_tree, flatten_values
 from torch_tpu.ops.tensors import apply_bits, buffer_of, math_bits, tensor_geometry
-from torch_tpu.runtime import background_compile, client, executable_cache
+from torch_tpu.runtime import background_compile, client, compile_worker, executable_cache
 
 _cache = executable_cache.ExecutableCache()
+_kernels: dict[tuple[str, bool], tuple[OpPlan, Lowering]] = {}  # (op name, derived) -> what its kernel runs
 
 
 class _TensorSlot:
@@ -273,6 +274,13 @@ def _storage_aliases(plan: OpPlan, bound: list) -> tuple[int, ...] | None:
 def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=None, persist=None) -> _Entry:
     counter = [0]
     template = [_template(v, call, counter) for v in bound]
+    factory_device = _factory_device(bound) if call.device is None else None
+    return _build_from(plan, lowering, template, factory_device, aliases, persist)
+
+
+def _build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device, aliases, persist) -> _Entry:
+    """The entry of a call whose arguments are `template` (slots for its tensors); a factory's
+    outputs go to tpu device `factory_device`."""
     meta_args = [_meta_device(_substitute(v, _meta_tensor)) for v in template]
     try:
         meta_result = call_schema(plan.op, plan, meta_args)
@@ -331,9 +339,8 @@ def _build(plan: OpPlan, lowering: Lowering, call: _Call, bound: list, aliases=N
         flat_out, entry.out_tree = jax.tree_util.tree_flatten((fresh_out, new_buffers))
         return flat_out
 
-    if call.device is None:
-        device = _factory_device(bound)
-        sharding = jax.sharding.SingleDeviceSharding(client.jax_device(device))
+    if factory_device is not None:
+        sharding = jax.sharding.SingleDeviceSharding(client.jax_device(factory_device))
         entry.run = jax.jit(run, out_shardings=sharding)
     else:
         entry.run = jax.jit(run)
@@ -450,6 +457,7 @@ def _fast_path_form(plan: OpPlan, lowering: Lowering, key: str) -> str | None:
 def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan | None = None) -> Callable:
     """The Python kernel of `op` on tpu tensors: what torch.library calls, or the C++ path on a miss."""
     plan = plan or OpPlan(op, derived)
+    _kernels[(str(op), derived)] = (plan, lowering)
     traced = plan.traced_scalars(lowering.traced)
     check = lowering.check
     if check is not None and derived and plan.out_names and not _takes_outs(check, plan.out_names):
@@ -532,7 +540,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
             if entry.compiled:
                 metrics.bump("op_cache_hits")
             else:
-                state = "now" if entry.job is False else _background_state(entry, lowering, plan, call, bound)
+                state = "now" if entry.job is False else _background_state(entry, lowering, plan, call, bound, aliases)
                 if state == "host":
                     result = _run_on_host(op, plan, args, kwargs, bound, device)
                     if result is not _FAILED:
@@ -567,7 +575,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
 _FAILED = object()  # the host tier could not run a call
 
 
-def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Call, bound: list) -> str:
+def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Call, bound: list, aliases) -> str:
     """For a call of an entry not compiled yet: "host" (run the call on the host tier while the
     executable compiles in the background), "ready" (the background compile finished) or "now"
     (compile at this call: one the host tier cannot run, or after a failed background compile,
@@ -580,14 +588,25 @@ def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Ca
         first_call = entry.run
         inputs = [_abstract(v) for v in call.inputs]
         level, dtype = precision.level(), torch.get_default_dtype()
-        entry.job = background_compile.submit(lambda: _compile_in_background(first_call, inputs, level, dtype))
+        counter = [0]
+        template = [_template(v, call, counter) for v in bound]
+        factory_device = _factory_device(bound) if call.device is None else None
+        request = (str(plan.op), plan.derived, template, factory_device, aliases, first_call.key, inputs, level, dtype)
+        entry.job = background_compile.submit(
+            lambda: _compile_in_background(first_call, inputs, level, dtype), ("op", request)
+        )
         return "host"
     if not background_compile.called(job):
         return "host"
     entry.job = False
     if job.error is not None:
         return "now"
-    entry.run = job.result
+    if job.remote:  # compiled in the compile worker process: what its trace found comes with it
+        entry.run, (_, _, entry.mutable_specs, entry.out_tree, entry.fresh_layout) = executable_cache.from_bytes(
+            job.result
+        )
+    else:
+        entry.run = job.result
     return "ready"
 
 
@@ -608,6 +627,26 @@ def _abstract(value):
     if isinstance(value, jax.Array):
         return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=value.sharding, weak_type=value.weak_type)
     return value
+
+
+@compile_worker.handler("op")
+def _compile_request(request: tuple) -> bytes:
+    """In the compile worker: the executable of an eager op call `_background_state` described,
+    with what its trace found (`_entry_state`), as executable_cache.to_bytes gives them."""
+    name, derived, template, factory_device, aliases, persist, inputs, level, dtype = request
+    plan, lowering = _kernels[(name, derived)]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        entry = _build_from(plan, lowering, template, factory_device, aliases, persist)
+        with precision.overridden(level):
+            compiled = entry.run.compile(inputs, None)
+    finally:
+        torch.set_default_dtype(previous)
+    body = executable_cache.to_bytes(compiled, _entry_state(entry))
+    if body is None:
+        raise RuntimeError(f"the executable of {name} cannot be serialized")
+    return body
 
 
 def _compile_in_background(first_call, inputs: list, level: str, dtype: torch.dtype):

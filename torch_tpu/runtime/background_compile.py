@@ -1,24 +1,34 @@
-"""Compiles executables on one background thread, hottest first.
+"""Compiles executables in the background, hottest first.
 
 A first-seen eager op signature need not wait for XLA: its call runs on the host
 (ops/host_tier.py) while its executable compiles here, and the calls after the compile
-finished run the executable. Each `request` of a pending job counts as a call, and the
-worker takes the pending job with the most calls next (ties: the oldest), so what a
-program runs every step compiles before what it ran once.
+finished run the executable. Each call waiting for a pending job counts (`called`), and
+the pending job with the most calls compiles next (ties: the oldest), so what a program
+runs every step compiles before what it ran once.
 
-`TORCH_TPU_ASYNC_COMPILE=0` turns this off: every first call compiles before it runs.
-At interpreter exit, jobs not started are dropped; the one compiling finishes.
+One thread takes the jobs in turn. A job with a picklable `request` compiles in the compile
+worker process (compile_worker.py), whose tracing does not contend for this process's GIL;
+the thread only waits on its pipe. Others (and every job under TORCH_TPU_ASYNC_COMPILE=thread,
+or when the worker cannot run) compile on the thread itself.
+
+`TORCH_TPU_ASYNC_COMPILE=0` turns this off: every first call compiles before it runs. At
+interpreter exit, jobs not started are dropped and the worker is ended.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import pickle
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from torch_tpu import metrics
+from torch_tpu.runtime import client, compile_worker
 
 _cond = threading.Condition()
 _pending: list[Job] = []  # submitted, not started
@@ -26,32 +36,44 @@ _running: Job | None = None
 _thread: threading.Thread | None = None
 _stopping = False
 _order = itertools.count()
+_process: compile_worker.Worker | None = None
+_process_failed = False
+SWITCH_INTERVAL = 2e-4  # seconds: the interpreter's thread switch interval while a compile runs
+
+
+def _mode() -> str:
+    return os.environ.get("TORCH_TPU_ASYNC_COMPILE", "1").strip().lower()
 
 
 def enabled() -> bool:
-    """TORCH_TPU_ASYNC_COMPILE (default on): first-seen op signatures compile in the background."""
-    return os.environ.get("TORCH_TPU_ASYNC_COMPILE", "1").strip().lower() not in ("0", "false", "off", "no")
+    """TORCH_TPU_ASYNC_COMPILE (default on; "thread" keeps compiles in this process): first-seen
+    op signatures compile in the background."""
+    return _mode() not in ("0", "false", "off", "no")
 
 
 class Job:
-    """One executable being compiled: `compile()` runs on the worker; `result` or `error` is set
-    once `done`."""
+    """One executable being compiled. Once `done`: `error`, or `result`: what `compile()` returned
+    (compiled on the thread), or executable_cache.to_bytes's bytes when `remote` (compiled in the
+    worker process from `request`)."""
 
-    __slots__ = ("calls", "compile", "done", "error", "order", "result")
+    __slots__ = ("calls", "compile", "done", "error", "order", "remote", "request", "result")
 
-    def __init__(self, compile: Callable[[], Any]):
+    def __init__(self, compile: Callable[[], Any], request: tuple | None = None):
         self.compile = compile
+        self.request = request
         self.calls = 1
         self.order = next(_order)
         self.done = False
+        self.remote = False
         self.result: Any = None
         self.error: BaseException | None = None
 
 
-def submit(compile: Callable[[], Any]) -> Job:
-    """A new job compiling with `compile()` on the worker thread."""
+def submit(compile: Callable[[], Any], request: tuple | None = None) -> Job:
+    """A new job: compiled from `request` (kind, spec) by the worker process where it can, else
+    by `compile()` on the thread."""
     global _thread
-    job = Job(compile)
+    job = Job(compile, request)
     with _cond:
         if _stopping:
             job.error = RuntimeError("torch_tpu: the interpreter is exiting")
@@ -103,14 +125,47 @@ def _work() -> None:
     global _running
     while (job := _next()) is not None:
         try:
-            job.result = job.compile()
+            worker = _worker() if job.request is not None else None
+            try:
+                job.result = worker.compile(job.request) if worker is not None else None
+                job.remote = worker is not None
+            except (pickle.PicklingError, TypeError, AttributeError):  # a request that cannot travel
+                pass
+            if not job.remote:
+                job.result = _compile_here(job)
         except BaseException as e:  # the caller sees it when it collects the job
             job.error = e
         with _cond:
-            job.compile = None  # drops what the compile closed over (abstract arguments, entries)
+            job.compile = job.request = None  # drops what they hold (abstract arguments, entries)
             job.done = True
             _running = None
             _cond.notify_all()
+
+
+def _compile_here(job: Job) -> Any:
+    # Tracing and lowering hold the GIL in long stretches; every op the program runs meanwhile
+    # takes the GIL back (torch releases it around each op), so switch often while compiling.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
+    try:
+        return job.compile()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _worker() -> compile_worker.Worker | None:
+    """The compile worker process (started on first use), or None: compile on this thread."""
+    global _process, _process_failed
+    if _process is not None and _process.alive():
+        return _process
+    if _process_failed or _mode() == "thread" or client.platform() != "cpu" or jax.process_count() > 1:
+        return None
+    try:
+        _process = compile_worker.Worker()
+    except (OSError, compile_worker.WorkerError):
+        _process_failed = True  # compile on the thread from now on
+        return None
+    return _process
 
 
 def _stop() -> None:
@@ -122,3 +177,5 @@ def _stop() -> None:
             job.done = True
         _pending.clear()
         _cond.notify_all()
+    if _process is not None:
+        _process.close()  # the job it runs fails, and the thread ends

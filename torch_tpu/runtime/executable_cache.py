@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import inspect
 import os
 import pickle
 import re
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,7 +35,7 @@ from jax._src.array import ArrayImpl
 from jax.experimental import serialize_executable
 
 from torch_tpu import debug, metrics
-from torch_tpu.runtime import background_compile, client, global_arrays, persistent_cache
+from torch_tpu.runtime import background_compile, client, compile_worker, global_arrays, persistent_cache
 
 _ArrayImpl = ArrayImpl  # a concrete array (not a tracer)
 
@@ -151,21 +153,38 @@ def _device_ids(compiled) -> list[int] | None:
         return None
 
 
+def to_bytes(compiled, meta: Any = None) -> bytes | None:
+    """`compiled` and `meta` (picklable) as bytes `from_bytes` loads, or None if not serializable."""
+    ids = _device_ids(compiled)
+    if ids is None:
+        return None
+    try:
+        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+        return pickle.dumps((ids, payload, in_tree, out_tree, meta), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # not serializable: keep it in memory only
+        debug.log("cache", f"not serialized ({type(error).__name__}: {error})")
+        return None
+
+
+def from_bytes(body: bytes) -> tuple[Any, Any]:
+    """(compiled, meta) of `to_bytes`'s bytes, loaded on this process's devices. Raises if not loadable."""
+    ids, payload, in_tree, out_tree, meta = pickle.loads(body)
+    by_id = {d.id: d for d in client.devices()}
+    devices = [by_id[i] for i in ids]
+    compiled = serialize_executable.deserialize_and_load(
+        payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices
+    )
+    return compiled, meta
+
+
 def save(key: str | None, compiled, meta: Any = None) -> None:
     """Stores `compiled` and `meta` (picklable) under `key`; a failure only skips persistence."""
     store = persistent_cache.store()
     if key is None or store is None or jax.process_count() > 1:
         return
-    ids = _device_ids(compiled)
-    if ids is None:
-        return
-    try:
-        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-        body = pickle.dumps((ids, payload, in_tree, out_tree, meta), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as error:  # not serializable: keep it in memory only
-        debug.log("cache", f"not persisted ({type(error).__name__}: {error})")
-        return
-    store.put(key, body)
+    body = to_bytes(compiled, meta)
+    if body is not None:
+        store.put(key, body)
 
 
 def load(key: str | None) -> tuple[Any, Any] | None:
@@ -177,18 +196,13 @@ def load(key: str | None) -> tuple[Any, Any] | None:
     if body is None:
         return None
     try:
-        ids, payload, in_tree, out_tree, meta = pickle.loads(body)
-        by_id = {d.id: d for d in client.devices()}
-        devices = [by_id[i] for i in ids]
-        compiled = serialize_executable.deserialize_and_load(
-            payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices
-        )
+        found = from_bytes(body)
     except Exception as error:  # checked, yet not loadable here: compile again
         kind = key.splitlines()[0]
         persistent_cache._warn(f"entry for {kind} not loadable ({type(error).__name__}); compiling again")
         return None
     metrics.bump("persistent_cache_hits")
-    return compiled, meta
+    return found
 
 
 def op_compile_options() -> dict[str, Any] | None:
@@ -314,14 +328,22 @@ class Jit:
             if found is not None:
                 self._compiled[sig] = found[0]
                 return True
-            self._pending[sig] = background_compile.submit(lambda: self._compile(sig, args, kwargs, loaded=False))
+            request = ("jit", (self.fn.__module__, self.fn.__qualname__, args, kwargs)) if self._importable() else None
+            self._pending[sig] = background_compile.submit(
+                lambda: self._compile(sig, args, kwargs, loaded=False), request
+            )
             return False
         if not background_compile.called(job):
             return False
         del self._pending[sig]
         if job.error is None:
-            self._compiled[sig] = job.result
+            self._compiled[sig] = from_bytes(job.result)[0] if job.remote else job.result
         return True
+
+    def _importable(self) -> bool:
+        """Whether the compile worker finds this Jit as its function's module attribute."""
+        module = sys.modules.get(self.fn.__module__)
+        return getattr(module, self.fn.__qualname__, None) is self
 
     def _signature(self, args, kwargs) -> tuple:
         """(key of the call's executable or None, dynamic args, dynamic kwargs)."""
@@ -360,6 +382,18 @@ class Jit:
 
     def lower(self, *args, **kwargs):
         return self._jitted.lower(*args, **kwargs)
+
+
+@compile_worker.handler("jit")
+def _compile_jit_request(spec: tuple) -> bytes:
+    """In the compile worker: the executable `Jit.ready` asked for."""
+    module, qualname, args, kwargs = spec
+    jitted = getattr(importlib.import_module(module), qualname)
+    sig = jitted._signature(args, kwargs)[0]
+    body = to_bytes(jitted._compile(sig, args, kwargs, loaded=False))
+    if body is None:
+        raise RuntimeError(f"the executable of {qualname} cannot be serialized")
+    return body
 
 
 def jit(fn: Callable | None = None, **kwargs):
