@@ -188,12 +188,18 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 PyObject* DeviceBuffer::array(bool force) {
-  if (array_ == nullptr && host_.defined()) {  // the host tier's value: its array shares its memory
-    array_ = host_to_array(host_, device_);
-    if (array_ == nullptr) {
+  while (array_ == nullptr && host_.defined()) {  // the host tier's value: its array shares its memory
+    const at::Tensor value = host_;
+    PyObject* array = host_to_array(value, device_);  // may let another thread run
+    if (array == nullptr) {
       return nullptr;
     }
-    host_shared_ = true;
+    if (array_ == nullptr && host_.is_same(value)) {
+      array_ = array;
+      host_shared_ = true;
+    } else {
+      Py_DECREF(array);  // another thread wrote a new value meanwhile: read that one
+    }
   }
   if (array_ != nullptr && g_lazy_type != nullptr && reinterpret_cast<PyObject*>(Py_TYPE(array_)) == g_lazy_type) {
     PyObject* value = PyObject_CallFunction(g_lazy_resolver, "OO", array_, force ? Py_True : Py_False);
@@ -211,15 +217,26 @@ PyObject* DeviceBuffer::array(bool force) {
 }
 
 at::Tensor DeviceBuffer::host() {
-  if (!host_.defined()) {
+  while (!host_.defined()) {
     PyObject* array = this->array(/*force=*/true);
     if (array == nullptr) {
       throw python_error();
     }
-    if (array != Py_None) {
-      host_ = array_to_host(array);
-      host_shared_ = true;
+    if (array == Py_None) {
+      Py_DECREF(array);
+      return {};
     }
+    at::Tensor value;
+    try {
+      value = array_to_host(array);  // may let another thread run
+    } catch (...) {
+      Py_DECREF(array);
+      throw;
+    }
+    if (!host_.defined() && array_ == array) {
+      host_ = std::move(value);
+      host_shared_ = true;
+    }  // else another thread wrote a new value meanwhile: read that one
     Py_DECREF(array);
   }
   return host_;

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "csrc/core/device_registry.h"
 #include "csrc/device_buffer.h"
 #include "csrc/host_tier.h"
 
@@ -282,7 +283,7 @@ class OpState {
         return false;
       }
     }
-    return call.device >= 0;  // factories (no tpu tensor in) take the Python path
+    return call.device >= 0;  // neither a tpu tensor nor device=tpu: not a call of ours
   }
 
   static bool is_default(const c10::IValue& v, const std::optional<c10::IValue>& d) {
@@ -347,9 +348,18 @@ class OpState {
       append(key, s.size());
       key += s;
     } else if (v.isDevice()) {
+      const c10::Device device = v.toDevice();
+      int index = device.index();
+      if (device.type() == c10::DeviceType::PrivateUse1) {  // a factory's device=tpu: where its outputs go
+        index = index >= 0 ? index : core::DeviceRegistry::instance().current_device();
+        if (call.device >= 0 && call.device != index) {
+          return false;
+        }
+        call.device = index;
+      }
       key += 'd';
-      append(key, static_cast<int16_t>(v.toDevice().type()));
-      append(key, static_cast<int16_t>(v.toDevice().index()));
+      append(key, static_cast<int16_t>(device.type()));
+      append(key, static_cast<int16_t>(index));
     } else {
       return false;  // complex numbers, generators, optional-tensor lists, ...
     }
@@ -514,6 +524,8 @@ class OpState {
         const c10::IValue& v = args[i];
         if (is_tpu(v)) {
           host.emplace_back(view(v.toTensor(), inplace_ && i == 0));
+        } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+          host.emplace_back(c10::Device(c10::DeviceType::CPU));  // a factory makes its result on the host
         } else if (v.isTensorList()) {
           c10::List<at::Tensor> list;
           for (const at::Tensor& t : v.toTensorList()) {
@@ -539,6 +551,10 @@ class OpState {
     torch::jit::drop(stack, num_args_);
     for (c10::IValue& result : host) {
       at::Tensor value = result.toTensor();
+      if (!value.defined()) {  // an output the op did not make (need_weights=False, ...)
+        stack->push_back(std::move(value));
+        continue;
+      }
       if (std::find(read.begin(), read.end(), value.storage().data()) != read.end()) {
         value = value.clone();  // the kernel handed back an input's memory: the result owns its own
       }

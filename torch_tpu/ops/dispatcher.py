@@ -26,7 +26,7 @@ from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import growing, host_tier, precision, spmd, storage_locks, tensors, view_gathers
-from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
+from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, to_numpy_dtype
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering, SignatureCheck
 from torch_tpu.ops.rng import key_data, key_from_data_jit
@@ -542,7 +542,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
             else:
                 state = "now" if entry.job is False else _background_state(entry, lowering, plan, call, bound, aliases)
                 if state == "host":
-                    result = _run_on_host(op, plan, args, kwargs, bound, device)
+                    result = _run_on_host(op, plan, args, kwargs, bound, device, entry)
                     if result is not _FAILED:
                         _C._offer_host_entry(plan.label, bound, entry.job, executable_cache.op_cache_size())
                         return result
@@ -582,7 +582,7 @@ def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Ca
     whose error then surfaces here)."""
     job = entry.job
     if job is None:
-        if not _host_runnable(lowering, plan, call, bound):
+        if not _host_runnable(entry, lowering, plan, bound):
             entry.job = False
             return "now"
         first_call = entry.run
@@ -610,12 +610,26 @@ def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Ca
     return "ready"
 
 
-def _host_runnable(lowering: Lowering, plan: OpPlan, call: _Call, bound: list) -> bool:
-    if lowering.random or plan.out_names or plan.generator_index is not None or call.generator is not None:
+def _host_runnable(entry: _Entry, lowering: Lowering, plan: OpPlan, bound: list) -> bool:
+    if not lowering.host_tier or lowering.random or plan.out_names or plan.generator_index is not None:
         return False
     if spmd.layer is not None or tensors.lazy is not None or not host_tier.available():
         return False
-    return all(host_tier.readable(t) for t in flatten_values(bound) if _is_tpu(t))
+    if plan.mutable and any(kind == "fresh" for kind, _ in plan.returns):
+        return False  # the results are checked after the run, and then the writes would be made
+    holdable = all(_holdable(m) for m in jax.tree_util.tree_leaves(entry.fresh_meta, is_leaf=_meta_leaf))
+    return holdable and all(host_tier.readable(t) for t in flatten_values(bound) if _is_tpu(t))
+
+
+def _holdable(meta) -> bool:
+    """Whether a tpu tensor can hold a result of `meta`'s dtype (CPU's kernel may make others)."""
+    if not isinstance(meta, torch.Tensor):
+        return True
+    try:
+        to_numpy_dtype(meta.dtype)
+    except TypeError:
+        return False
+    return True
 
 
 def _is_tpu(x) -> bool:
@@ -661,13 +675,32 @@ def _compile_in_background(first_call, inputs: list, level: str, dtype: torch.dt
     return compiled
 
 
-def _run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: list, device: int):
-    """The call on the host tier, or _FAILED when its CPU kernel raised (the executable then
-    runs the call, as it would have without the host tier, and raises what it raises)."""
+def _run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: list, device: int, entry: _Entry):
+    """The call on the host tier, or _FAILED when its CPU kernel raised or its fresh results are
+    not laid out as the executable's will be (the executable then runs the call, as it would
+    have without the host tier, and raises what it raises)."""
     try:
-        return host_tier.run(op, args, kwargs, device, _mutable_tensors(plan, bound))
+        result = host_tier.run(op, args, kwargs, device, _mutable_tensors(plan, bound))
     except Exception:
         return _FAILED
+    results = result if isinstance(result, tuple) else (result,)
+    fresh = [r for r, (kind, _) in zip(results, plan.returns) if kind == "fresh"]
+    if not all(_laid_out_alike(r, m, st) for r, m, st in zip(fresh, entry.fresh_meta, entry.fresh_layout)):
+        return _FAILED
+    return result
+
+
+def _laid_out_alike(result, meta, strides) -> bool:
+    """Whether a host-tier result has the dtype, shape and strides (where they matter) that the
+    executable's result of `meta`, laid out with `strides` (None: contiguous), will have."""
+    if isinstance(meta, (list, tuple)):
+        return isinstance(result, (list, tuple)) and all(map(_laid_out_alike, result, meta, strides))
+    if not isinstance(meta, torch.Tensor):
+        return not isinstance(result, torch.Tensor)
+    if not isinstance(result, torch.Tensor) or result.dtype != meta.dtype or result.shape != meta.shape:
+        return False
+    expected = strides if strides is not None else geo.contiguous_strides(tuple(meta.shape))
+    return all(n <= 1 or a == b for n, a, b in zip(meta.shape, result.stride(), expected))
 
 
 def _offer(plan: OpPlan, bound: list, entry: _Entry) -> None:

@@ -47,6 +47,15 @@ def is_contiguous(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of `sizes`."""
+    strides, step = [], 1
+    for size in reversed(sizes):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def dense_order(sizes: tuple, strides: tuple) -> tuple[int, ...] | None:
     """The dims of a dense, non-overlapping but non-contiguous layout (channels_last, a
     transpose) outermost first: its buffer is the value transposed to that order. None

@@ -84,6 +84,9 @@ class Lowering:
     # append to a KV cache) with one executable per length bucket and returns its result, or
     # None for the exact-shape path (ops/growing.py). Not used by derived variants or graphs.
     growing: Callable | None = None
+    # Whether the host tier may run the op's CPU kernel while its executable compiles
+    # (ops/host_tier.py); False where the lowering's results differ from CPU's on purpose.
+    host_tier: bool = True
 
     @property
     def graph_fn(self) -> Callable | None:
@@ -107,6 +110,7 @@ def lower(
     layout: Callable | None = None,
     traced: tuple[str, ...] = (),
     growing: Callable | None = None,
+    host_tier: bool = True,
 ) -> Callable:
     """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
     `check` is a host check (a callable) or a `Check` with a host and a graph form."""
@@ -130,6 +134,7 @@ def lower(
         layout=layout,
         traced=tuple(traced),
         growing=growing,
+        host_tier=host_tier,
     )
 
     def register(fn: Callable) -> Callable:

@@ -79,10 +79,12 @@ def _bag_graph_check(weight, indices, *args, **kwargs):
     return first_outside(indices, 0, rows, RuntimeError, text)
 
 
+# host_tier=False: offset2bag, bag_size and max_indices are what the backward lowerings read.
 @lower(
     aten._embedding_bag.default,
     aten._embedding_bag_forward_only.default,
     check=Check(_bag_host_check, _bag_graph_check),
+    host_tier=False,
 )
 def embedding_bag(
     weight,
@@ -98,7 +100,8 @@ def embedding_bag(
     return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
 
 
-@lower(aten._embedding_bag_dense_backward.default)
+# host_tier=False: CPU's kernel mis-scales rows next to repeated ones under scale_grad_by_freq.
+@lower(aten._embedding_bag_dense_backward.default, host_tier=False)
 def embedding_bag_dense_backward(
     grad,
     indices,
@@ -128,7 +131,7 @@ def embedding_bag_dense_backward(
     return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[indices].add(jnp.where(valid[:, None], rows, 0))
 
 
-@lower(aten._embedding_bag_backward.default)
+@lower(aten._embedding_bag_backward.default, host_tier=False)
 def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, *rest):
     """rest: maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx."""
     if rest[4]:

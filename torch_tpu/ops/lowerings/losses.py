@@ -355,7 +355,8 @@ def _ctc_alpha(log_probs, ext, in_range, skip, il):
     return jnp.concatenate([first[:, None], jnp.moveaxis(rest, 0, 1)], axis=1), lpe  # (N, T, 2S+1)
 
 
-@lower(aten._ctc_loss.default)
+# host_tier=False: its log_alpha output is what the backward lowering reads, in this layout.
+@lower(aten._ctc_loss.default, host_tier=False)
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
     ext, in_range, skip, il, tl = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
     alpha, _ = _ctc_alpha(log_probs, ext, in_range, skip, il)

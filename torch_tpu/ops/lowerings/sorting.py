@@ -42,7 +42,8 @@ def _sort_check(self, *args, stable=None, dim=-1, **kwargs):
         raise RuntimeError("Sort does not support complex dtypes on CPU")
 
 
-@lower(aten.sort.stable, check=_sort_check)
+# host_tier=False: CPU's unstable sort orders ties its own way; tpu's sort is always stable.
+@lower(aten.sort.stable, check=_sort_check, host_tier=False)
 def sort(x, *, stable=None, dim=-1, descending=False):
     return sort_along(x, dim % max(x.ndim, 1), descending)
 
