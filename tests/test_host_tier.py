@@ -196,3 +196,22 @@ def test_hf_generate_matches_cpu():
         got = model.to("tpu").generate(prompt.to("tpu"), **settings)
     assert _count("host_tier_runs") > runs
     assert got.cpu().tolist() == want.tolist()
+
+
+def test_reads_and_copies_of_views_compile_nothing(monkeypatch):
+    """On the CPU client a buffer is host memory: .item(), .cpu() and copies into views of any
+    geometry go through it (printing a tensor reads each element at its own offset)."""
+    monkeypatch.setenv("TORCH_TPU_ASYNC_COMPILE", "0")
+    x = torch.randn(5, next(_SHAPES))
+    t = x.to("tpu")
+    compiles = _count("xla_compiles")
+    assert [t[i, j].item() for i in range(5) for j in range(3)] == [x[i, j].item() for i in range(5) for j in range(3)]
+    assert torch.equal(t[1:, ::2].cpu(), x[1:, ::2]) and torch.equal(t.t()[2].cpu(), x.t()[2])
+    t[2] = torch.arange(float(x.shape[1]))
+    x[2] = torch.arange(float(x.shape[1]))
+    t[:, 1].copy_(t[:, 0])
+    x[:, 1].copy_(x[:, 0])
+    t[3:].copy_(torch.ones(2, x.shape[1], dtype=torch.float64))
+    x[3:].copy_(torch.ones(2, x.shape[1], dtype=torch.float64))
+    assert torch.equal(t.cpu(), x)
+    assert _count("xla_compiles") == compiles

@@ -207,7 +207,10 @@ def test_swapped_entries_and_a_fifo_are_refused(tmp_path, warm_cache):
     by_kind: dict[str, list[pathlib.Path]] = {}
     for p in _entries(damaged):
         by_kind.setdefault(_key_of(p).split("\n", 1)[0], []).append(p)
-    for paths in by_kind.values():  # swap the first two entries of each kind
+    assert len(by_kind["op"]) >= 3 and len(by_kind["graph"]) >= 2
+    for paths in by_kind.values():  # swap the first two entries of each kind that has two
+        if len(paths) < 2:
+            continue
         a, b = paths[0], paths[1]
         tmp = a.with_suffix(".swap")
         a.rename(tmp)

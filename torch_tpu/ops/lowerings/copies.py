@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 import torch
 
-from torch_tpu import metrics
+from torch_tpu import _C, metrics
+from torch_tpu.ops import spmd, storage_locks, tensors
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import reshape, to_jax, write_jax
@@ -48,7 +49,42 @@ def jax_to_cpu(array: jax.Array) -> torch.Tensor:
     return t.reshape(shape) if len(shape) > _NUMPY_MAX_DIMS else t
 
 
+def _host_view(t: torch.Tensor, writable: bool = False) -> torch.Tensor | None:
+    """A CPU view of a tpu tensor's value where its buffer is host memory (the CPU client, one
+    device per buffer), else None: reading it, or writing it (`writable`: its storage's new
+    value), compiles nothing, whatever its geometry."""
+    if client.platform() != "cpu" or spmd.layer is not None or tensors.lazy is not None or not _C._host_readable(t):
+        return None
+    return _C._host_view(t, writable)
+
+
+def _copy_on_host(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """CPU's copy_ between host views (see _host_view); False where one side has none."""
+    for t in (src, dst):
+        if t.device.type == "tpu":
+            to_numpy_dtype(t.dtype)  # a dtype tpu tensors cannot hold (complex32) raises its TypeError
+    if dst.device.type != "tpu":
+        source = _host_view(src)
+        if source is None:
+            return False
+        dst.copy_(source)
+    else:
+        if src.device.type == "tpu" and not _C._host_readable(src):
+            return False
+        with storage_locks.held((dst,)):  # the write (and the copy a shared buffer needs first) is atomic
+            target = _host_view(dst, writable=True)  # first: a source sharing its storage reads the copy
+            source = _host_view(src) if src.device.type == "tpu" else src
+            if target is None or source is None:
+                return False
+            target.copy_(source)
+    if src.device.type != dst.device.type:
+        metrics.bump("host_transfers")
+    return True
+
+
 def _copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if _copy_on_host(src, dst):
+        return dst
     if src.device.type == "tpu" and dst.device.type == "tpu":
         value = to_jax(src)
         if src.device.index != dst.device.index:
@@ -84,7 +120,8 @@ def copy_from_and_resize(self, dst):
 @lower(aten._local_scalar_dense.default, eager=True)
 def local_scalar_dense(self):
     metrics.bump("host_transfers")
-    return host_value(to_jax(self)).item()
+    view = _host_view(self)
+    return view.item() if view is not None else host_value(to_jax(self)).item()
 
 
 __all__ = ["cpu_to_jax", "jax_to_cpu"]
