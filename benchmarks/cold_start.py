@@ -5,8 +5,11 @@ python benchmarks/cold_start.py [--new-tokens 32] [--json OUT]
 
 Each row runs in a fresh process (so "cold" really is a new process) with its own cache dir:
 - CPU: generate() in a new process (first call, then a second call).
-- tpu, cold cache: a new process and an empty TORCH_TPU_CACHE_DIR (first call, second call).
-- tpu, warm cache: a new process reusing the cache dir the cold row filled.
+- tpu, cold cache: a new process and an empty TORCH_TPU_CACHE_DIR (first call, second call), as
+  a user meets it: first-seen ops run on the host tier while they compile in the background.
+- tpu, cold, compile first: the same with TORCH_TPU_ASYNC_COMPILE=0 (each first call compiles
+  before it runs), in its own empty cache dir.
+- tpu, warm cache: a new process reusing the cache dir the compile-first row filled.
 Each process reports the first and second generate() times, the import-to-model time, and the
 torch_tpu counters (op/graph compiles, persistent-cache hits, traces and XLA compiles where the
 build counts them). Prints the times and their ratios to CPU's.
@@ -50,10 +53,10 @@ def _child(device: str, new_tokens: int, config: dict) -> dict:
     return result
 
 
-def _run(device: str, new_tokens: int, cache_dir: str | None, timeout: int) -> dict:
+def _run(device: str, new_tokens: int, cache_dir: str | None, timeout: int, **extra_env: str) -> dict:
     from torch_tpu.testing.models import TINY_LLAMA
 
-    env = dict(os.environ)
+    env = dict(os.environ, **extra_env)
     if cache_dir is not None:
         env["TORCH_TPU_CACHE_DIR"] = cache_dir
     child = ["--child", device, "--new-tokens", str(new_tokens), "--config", json.dumps(TINY_LLAMA)]
@@ -81,11 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(_child(args.child, args.new_tokens, json.loads(args.config))))
         return 0
-    with tempfile.TemporaryDirectory(prefix="torch_tpu_cold_") as cache:
+    with tempfile.TemporaryDirectory(prefix="torch_tpu_cold_") as cache, tempfile.TemporaryDirectory() as first:
         rows = {
             "CPU": _run("cpu", args.new_tokens, None, args.timeout),
             "tpu, cold cache": _run("tpu", args.new_tokens, cache, args.timeout),
-            "tpu, warm cache": _run("tpu", args.new_tokens, cache, args.timeout),
+            "tpu, cold, compile first": _run("tpu", args.new_tokens, first, args.timeout, TORCH_TPU_ASYNC_COMPILE="0"),
+            "tpu, warm cache": _run("tpu", args.new_tokens, first, args.timeout),
         }
     cpu = rows["CPU"]
     print(f"tiny HF Llama generate(max_new_tokens={args.new_tokens}), each row a new process")
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         c = r.get("counters", {})
         compiles = (
             f"op {c.get('op_compiles', 0)}, graph {c.get('graph_compiles', 0)}, "
-            f"persistent hits {c.get('persistent_cache_hits', 0)}"
+            f"persistent hits {c.get('persistent_cache_hits', 0)}, host-tier runs {c.get('host_tier_runs', 0)}"
             if c
             else "-"
         )
