@@ -511,6 +511,10 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
         entry = _cache.get(key)
         compile_start = None
         if entry is None and spmd.layer is None and tensors.lazy is None and view_gathers.moving_views(op, sig):
+            if _host_tier_ok(lowering, plan, bound):  # the host reads any geometry: nothing to compile
+                result = _run_on_host(op, plan, args, kwargs, bound, device)
+                if result is not _FAILED:
+                    return result
             mutated = {id(t) for t in _mutable_tensors(plan, bound) if t is not None}
             gathered = view_gathers.substitute(args, kwargs, mutated)
             if gathered is not None:  # the op again, on contiguous copies of its moving views
@@ -611,14 +615,19 @@ def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Ca
 
 
 def _host_runnable(entry: _Entry, lowering: Lowering, plan: OpPlan, bound: list) -> bool:
+    holdable = all(_holdable(m) for m in jax.tree_util.tree_leaves(entry.fresh_meta, is_leaf=_meta_leaf))
+    return holdable and _host_tier_ok(lowering, plan, bound)
+
+
+def _host_tier_ok(lowering: Lowering, plan: OpPlan, bound: list) -> bool:
+    """Whether the host tier may run this call (see ops/host_tier.py)."""
     if not lowering.host_tier or lowering.random or plan.out_names or plan.generator_index is not None:
         return False
     if spmd.layer is not None or tensors.lazy is not None or not host_tier.available():
         return False
     if plan.mutable and any(kind == "fresh" for kind, _ in plan.returns):
         return False  # the results are checked after the run, and then the writes would be made
-    holdable = all(_holdable(m) for m in jax.tree_util.tree_leaves(entry.fresh_meta, is_leaf=_meta_leaf))
-    return holdable and all(host_tier.readable(t) for t in flatten_values(bound) if _is_tpu(t))
+    return all(host_tier.readable(t) for t in flatten_values(bound) if _is_tpu(t))
 
 
 def _holdable(meta) -> bool:
@@ -675,14 +684,16 @@ def _compile_in_background(first_call, inputs: list, level: str, dtype: torch.dt
     return compiled
 
 
-def _run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: list, device: int, entry: _Entry):
+def _run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: list, device: int, entry=None):
     """The call on the host tier, or _FAILED when its CPU kernel raised or its fresh results are
-    not laid out as the executable's will be (the executable then runs the call, as it would
-    have without the host tier, and raises what it raises)."""
+    not laid out as `entry`'s executable's will be (the executable then runs the call, as it
+    would have without the host tier, and raises what it raises)."""
     try:
         result = host_tier.run(op, args, kwargs, device, _mutable_tensors(plan, bound))
     except Exception:
         return _FAILED
+    if entry is None:
+        return result
     results = result if isinstance(result, tuple) else (result,)
     fresh = [r for r, (kind, _) in zip(results, plan.returns) if kind == "fresh"]
     if not all(_laid_out_alike(r, m, st) for r, m, st in zip(fresh, entry.fresh_meta, entry.fresh_layout)):
