@@ -132,6 +132,8 @@ def _work() -> None:
             except (pickle.PicklingError, TypeError, AttributeError):  # a request that cannot travel
                 pass
             if not job.remote:
+                if _stopping:  # the worker was ended for the exit: nothing more compiles
+                    raise RuntimeError("torch_tpu: the interpreter is exiting")
                 job.result = _compile_here(job)
         except BaseException as e:  # the caller sees it when it collects the job
             job.error = e
@@ -158,10 +160,11 @@ def _worker() -> compile_worker.Worker | None:
     global _process, _process_failed
     if _process is not None and _process.alive():
         return _process
-    if _process_failed or _mode() == "thread" or client.platform() != "cpu" or jax.process_count() > 1:
+    if _stopping or _process_failed or _mode() == "thread" or client.platform() != "cpu" or jax.process_count() > 1:
         return None
     try:
-        _process = compile_worker.Worker()
+        _process = compile_worker.Worker()  # known before its start completes: _stop can end it
+        _process.wait_ready()
     except (OSError, compile_worker.WorkerError):
         _process_failed = True  # compile on the thread from now on
         return None

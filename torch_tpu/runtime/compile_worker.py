@@ -107,7 +107,8 @@ def _receive(stream: BinaryIO) -> Any:
 
 
 class Worker:
-    """The parent's handle on one worker process. Its calls block without the GIL (pipe I/O)."""
+    """The parent's handle on one worker process (started by the constructor; `wait_ready`
+    before the first `compile`). Its calls block without the GIL (pipe I/O)."""
 
     def __init__(self) -> None:
         import torch_tpu
@@ -128,9 +129,12 @@ class Worker:
             env=env,
             cwd=tempfile.gettempdir(),  # never a source tree that would shadow the installed package
         )
+
+    def wait_ready(self) -> None:
+        """Waits for the worker's start (its imports); raises WorkerError if it did not start."""
         try:
             ready = _receive(self._proc.stdout)
-        except EOFError:
+        except (EOFError, OSError):
             ready = None
         if ready != "ready":
             self.close()
