@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from torch_tpu import metrics
+from torch_tpu.ops import host_tier
 from torch_tpu.ops.dtypes import type_name
 from torch_tpu.ops.registry import Check, SignatureCheck
 from torch_tpu.ops.tensors import to_jax
@@ -35,6 +36,9 @@ def to_host(array) -> np.ndarray:
 
 def index_bounds(index: torch.Tensor) -> tuple[int, int]:
     """(min, max) of a non-empty integer tpu tensor: one host sync."""
+    view = host_tier.view(index)
+    if view is not None:  # host memory: read it where it is
+        return int(view.min()), int(view.max())
     metrics.bump("executions")
     lo, hi = to_host(_minmax((to_jax(index),)))[0]
     return int(lo), int(hi)
@@ -47,7 +51,10 @@ def check_ranges(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exce
         return
     device = [c for c in checks if c[0].device.type != "cpu"]
     bounds = {}
-    if device:
+    views = [host_tier.view(c[0]) for c in device]
+    if all(v is not None for v in views):  # host memory: read it where it is
+        bounds = {id(c): (v.min(), v.max()) for c, v in zip(device, views)}
+    elif device:
         metrics.bump("executions")
         values = to_host(_minmax(tuple(to_jax(c[0]) for c in device)))
         bounds = {id(c): values[i] for i, c in enumerate(device)}

@@ -26,6 +26,7 @@ import torch
 from jax._src.lib import _jax
 
 from torch_tpu import _C, metrics
+from torch_tpu.ops import spmd, tensors
 from torch_tpu.runtime import background_compile, client
 
 _CPU = torch.device("cpu")
@@ -45,6 +46,15 @@ def available() -> bool:
 def readable(t: torch.Tensor) -> bool:
     """Whether a tpu tensor can be read here: no math bits, and its buffer is of its own dtype."""
     return _C._host_readable(t)
+
+
+def view(t: torch.Tensor, writable: bool = False) -> torch.Tensor | None:
+    """A CPU view of a tpu tensor's value where its buffer is host memory (the CPU client, one
+    device per buffer, no math bits), else None: reading it, or writing it (`writable`: the
+    writes are its storage's new value), compiles nothing, whatever its geometry."""
+    if client.platform() != "cpu" or spmd.layer is not None or tensors.lazy is not None or not _C._host_readable(t):
+        return None
+    return _C._host_view(t, writable)
 
 
 def run(op, args: tuple, kwargs: dict, device: int, mutated: Iterable = ()):

@@ -6,7 +6,7 @@ import jax
 import torch
 
 from torch_tpu import _C, metrics
-from torch_tpu.ops import spmd, storage_locks, tensors
+from torch_tpu.ops import host_tier, storage_locks
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import reshape, to_jax, write_jax
@@ -49,22 +49,13 @@ def jax_to_cpu(array: jax.Array) -> torch.Tensor:
     return t.reshape(shape) if len(shape) > _NUMPY_MAX_DIMS else t
 
 
-def _host_view(t: torch.Tensor, writable: bool = False) -> torch.Tensor | None:
-    """A CPU view of a tpu tensor's value where its buffer is host memory (the CPU client, one
-    device per buffer), else None: reading it, or writing it (`writable`: its storage's new
-    value), compiles nothing, whatever its geometry."""
-    if client.platform() != "cpu" or spmd.layer is not None or tensors.lazy is not None or not _C._host_readable(t):
-        return None
-    return _C._host_view(t, writable)
-
-
 def _copy_on_host(src: torch.Tensor, dst: torch.Tensor) -> bool:
-    """CPU's copy_ between host views (see _host_view); False where one side has none."""
+    """CPU's copy_ between host views (host_tier.view); False where one side has none."""
     for t in (src, dst):
         if t.device.type == "tpu":
             to_numpy_dtype(t.dtype)  # a dtype tpu tensors cannot hold (complex32) raises its TypeError
     if dst.device.type != "tpu":
-        source = _host_view(src)
+        source = host_tier.view(src)
         if source is None:
             return False
         dst.copy_(source)
@@ -72,8 +63,8 @@ def _copy_on_host(src: torch.Tensor, dst: torch.Tensor) -> bool:
         if src.device.type == "tpu" and not _C._host_readable(src):
             return False
         with storage_locks.held((dst,)):  # the write (and the copy a shared buffer needs first) is atomic
-            target = _host_view(dst, writable=True)  # first: a source sharing its storage reads the copy
-            source = _host_view(src) if src.device.type == "tpu" else src
+            target = host_tier.view(dst, writable=True)  # first: a source sharing its storage reads the copy
+            source = host_tier.view(src) if src.device.type == "tpu" else src
             if target is None or source is None:
                 return False
             target.copy_(source)
@@ -120,7 +111,7 @@ def copy_from_and_resize(self, dst):
 @lower(aten._local_scalar_dense.default, eager=True)
 def local_scalar_dense(self):
     metrics.bump("host_transfers")
-    view = _host_view(self)
+    view = host_tier.view(self)
     return view.item() if view is not None else host_value(to_jax(self)).item()
 
 
