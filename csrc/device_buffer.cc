@@ -234,6 +234,14 @@ at::Tensor DeviceBuffer::host() {
       throw;
     }
     if (!host_.defined() && array_ == array) {
+      const int64_t length = static_cast<int64_t>(nbytes_ / value.element_size());
+      if (value.numel() < length) {  // a resized storage's shorter array: reads pad it with zeros
+        at::Tensor padded = at::zeros({length}, value.options());
+        padded.narrow(0, 0, value.numel()).copy_(value);
+        Py_DECREF(array);
+        set_host(std::move(padded));
+        continue;
+      }
       host_ = std::move(value);
       host_shared_ = true;
     }  // else another thread wrote a new value meanwhile: read that one
@@ -252,6 +260,15 @@ at::Tensor DeviceBuffer::host_for_write(c10::ScalarType dtype) {
     set_host(flat);
   }
   return flat;
+}
+
+bool DeviceBuffer::release_host_view() {
+  if (!host_shared_) {
+    return false;
+  }
+  host_ = at::Tensor();
+  host_shared_ = false;
+  return true;
 }
 
 void DeviceBuffer::set_host(at::Tensor flat) {

@@ -50,6 +50,10 @@ class DeviceBuffer {
   // Makes `flat` (a contiguous 1-D CPU tensor, handed over) the value; the array is made from
   // it when first read. Caller holds the GIL.
   void set_host(at::Tensor flat);
+  // Drops a host view that only mirrors the array (it is remade on the next host read), so
+  // the array has no holder but this buffer: XLA may then take it over (donation). Whether
+  // there was one (jax drops the view's reference to the array at its next garbage collection).
+  bool release_host_view();
 
  private:
   int device_;

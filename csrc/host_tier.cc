@@ -59,6 +59,8 @@ void init_host_tier(py::module_& m) {
     TORCH_CHECK(flat.device().is_cpu() && flat.dim() == 1 && flat.is_contiguous(), "expected a flat CPU tensor");
     buffer_of(t.storage()).set_host(std::move(flat));
   }, py::arg("tensor"), py::arg("flat"));
+  m.def("_release_host_view", [](const at::Tensor& t) { return buffer_of(t.storage()).release_host_view(); },
+        py::arg("tensor"));
   // (dtype, length) of the value `tensor`'s buffer holds, without reading it: (None, -1) when
   // unknown or never written.
   m.def("_buffer_spec", [](const at::Tensor& t) -> std::pair<std::optional<at::ScalarType>, int64_t> {

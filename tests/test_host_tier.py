@@ -26,7 +26,7 @@ def _async_compile(monkeypatch):
 
 
 def _count(key: str) -> int:
-    return torch_tpu.metrics.counters()[key]
+    return torch_tpu.metrics.counters().get(key, 0)
 
 
 def _same(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -215,3 +215,31 @@ def test_reads_and_copies_of_views_compile_nothing(monkeypatch):
     x[3:].copy_(torch.ones(2, x.shape[1], dtype=torch.float64))
     assert torch.equal(t.cpu(), x)
     assert _count("xla_compiles") == compiles
+
+
+def test_a_grown_storage_reads_its_old_value_then_zeros():
+    """resize_ keeps the shorter array; the host view pads it as every other read does."""
+    t = torch.arange(4.0).to("tpu")
+    t.resize_(3, 3)
+    assert torch.equal(t.view(-1)[:4].cpu(), torch.arange(4.0))
+    empty = torch.empty(0, device="tpu")
+    empty.resize_(3, 3).copy_(torch.ones(3, 3))  # what an out= result of the CPU fallback gets
+    assert torch.equal(empty.cpu(), torch.ones(3, 3))
+
+
+def test_a_host_view_does_not_stop_donation():
+    """Reading a tensor leaves a cached host view of its array; a compiled graph that donates
+    the array drops that view first instead of copying the buffer."""
+    x = torch.zeros(4).to("tpu")
+
+    @torch.compile(backend="tpu", options={"donate_buffers": True})
+    def bump(t):
+        t.add_(1)
+        return t.sum()
+
+    bump(x)
+    assert x.cpu().tolist() == [1.0] * 4
+    donated, copies = _count("donated_buffers"), _count("donation_copies")
+    bump(x)
+    assert (_count("donated_buffers") - donated, _count("donation_copies") - copies) == (1, 0)
+    assert x.cpu().tolist() == [2.0] * 4

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax._src.lib import _jax
 from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
@@ -259,6 +260,12 @@ class Segment:
             metrics.bump("graph_cache_hits")
         if exe.donated:
             info = buf = None  # the loop's last buffer would count as another holder
+            released = False
+            for placeholder, _ in self.mutations:  # a cached host view holds the array too
+                target = values[self.inputs.index(placeholder)]
+                released |= target.device.type == "tpu" and _C._release_host_view(target)
+            if released:
+                _jax.collect_garbage()  # where jax drops the views' references
             donation.guard(dyn, exe.donated)
         flat = exe.compiled(*dyn)
         metrics.bump("executions")
