@@ -444,8 +444,9 @@ def run_file(file: Path, args: argparse.Namespace, workdir: Path) -> list[TestOu
     ids = collect(file, "tpu", workdir, args.startup_timeout)
     if args.k:
         ids = [i for i in ids if any(fnmatch.fnmatchcase(i, pat) or pat in i for pat in args.k)]
+    total = len(ids)
     ids = sample_ids(ids, args.sample)
-    print(f"{file.name}: {len(ids)} tpu tests", flush=True)
+    print(f"{file.name}: {len(ids)} of {total} tpu tests", flush=True)
     common = dict(
         timeout=args.timeout,
         startup_timeout=args.startup_timeout,
