@@ -155,6 +155,42 @@ def test_byte_mask_deprecation_warning_as_cpu():
     assert _byte_mask_warnings(TPU) == _byte_mask_warnings("cpu")
 
 
+# ---- complex special values (test_unary_ufuncs reference_numerics, test_binary_ufuncs)
+
+_INF = float("inf")
+
+
+def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True, rtol=1e-6, atol=0)
+
+
+def test_complex_division_by_infinite_parts_as_cpu():
+    # Was: 0 where CPU (Smith's division, as NumPy) gives nan, for a divisor with two infinite parts.
+    a = torch.tensor([1 + 1j, 2 - 1j, 1 + 0j, 3 + 4j], dtype=torch.complex128)
+    b = torch.tensor([complex(-_INF, _INF), complex(_INF, 1), 0j, 0.5 - 0.25j], dtype=torch.complex128)
+    _assert_same(a.to(TPU) / b.to(TPU), a / b)
+    _assert_same(torch.reciprocal(b.to(TPU)), torch.reciprocal(b))
+
+
+def test_complex_sigmoid_of_large_values_as_cpu():
+    # Was: 0 where exp(-x) overflows in both parts; CPU gives nan (test_reference_numerics_large_sigmoid).
+    x = torch.tensor([-1000 + 10j, -2000 - 3j, -1000 + 0j, 1000 + 1000j, 0.5 + 0.5j], dtype=torch.complex128)
+    _assert_same(torch.sigmoid(x.to(TPU)), torch.sigmoid(x))
+
+
+@pytest.mark.parametrize("fn", [torch.atan, torch.atanh])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_atan_atanh_special_values_as_cpu(fn, dtype):
+    # Was: -pi/2 for atan(1 + inf j), wrong branch-cut sides for signed zeros, nans kept finite
+    # (test_reference_numerics_extremal__refs_atan).
+    vals = [0.0, -0.0, 1.0, -1.0, 2.0, 1e20, -1e20, _INF, -_INF, float("nan"), 1e-20]
+    z = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=dtype)
+    got, want = fn(z.to(TPU)).cpu(), fn(z)
+    _assert_same(got, want)
+    assert torch.equal(got.real.signbit(), want.real.signbit())
+    assert torch.equal(got.imag.signbit(), want.imag.signbit())
+
+
 # ---- what passes now (guards against regressions in the classes above)
 
 
