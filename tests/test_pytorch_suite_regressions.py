@@ -140,6 +140,30 @@ def test_index_fill_complex_scalar_into_float_raises():
         x.to(TPU).index_fill_(1, torch.tensor([0], device=TPU), 1 + 1j)
 
 
+def test_logcumsumexp_out_of_another_dtype_raises():
+    # Was: accepted and cast (test_torch test_logcumsumexp); CPU's logcumsumexp.out does not cast.
+    b = torch.randn(5, 2, dtype=torch.float64)
+    for device in ("cpu", TPU):
+        with pytest.raises(RuntimeError, match="expected scalar_type Double but found Float"):
+            torch.logcumsumexp(b.to(device), 1, out=torch.zeros(5, 2, device=device))
+
+
+@pytest.mark.parametrize("fn", [torch.any, torch.all])
+def test_any_all_with_empty_dim_list_reduce_nothing(fn):
+    # Was: an AssertionError (reduced over every dim; CPU reduces none) (test_reductions test_dim_empty_any).
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    got = fn(x.to(TPU), dim=[])
+    assert got.shape == fn(x, dim=[]).shape and torch.equal(got.cpu(), fn(x, dim=[]))
+
+
+def test_multi_margin_loss_checks_shapes_before_targets():
+    # Was: "target out of range" before CPU's shape error (test_nn test_MarginLoss_empty).
+    for device in ("cpu", TPU):
+        x, y = torch.randn(0, device=device), torch.ones(10, dtype=torch.long, device=device)
+        with pytest.raises(RuntimeError, match="Expected non-empty vector or matrix"):
+            torch.nn.functional.multi_margin_loss(x, y)
+
+
 def _byte_mask_warnings(device: str) -> list[str]:
     mask = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=device)
     x = torch.arange(16.0, device=device).view(4, 4)
