@@ -164,6 +164,32 @@ def test_multi_margin_loss_checks_shapes_before_targets():
             torch.nn.functional.multi_margin_loss(x, y)
 
 
+def _raised(fn, device: str) -> tuple[type, str]:
+    with pytest.raises(Exception) as info:
+        fn(device)
+    return info.type, str(info.value)
+
+
+def _put_too_many_values(device: str) -> None:
+    a = torch.zeros(2, 3, device=device)
+    a[[0, 1]] = torch.ones(3, 2, 3, device=device)
+
+
+def _put_into_scalar(device: str) -> None:
+    torch.rand([], device=device).index_put([], torch.tensor([1.0], device=device), True)
+
+
+def _index_empty_dim(device: str) -> None:
+    torch.empty(10, 0, device=device)[:, [0, 1]]
+
+
+@pytest.mark.parametrize("fn", [_put_too_many_values, _put_into_scalar, _index_empty_dim])
+def test_indexing_errors_as_cpu(fn):
+    # Was: jax's ValueError for values that do not broadcast to the indexing result (test_indexing
+    # test_setitem_expansion_error, test_index_put_accumulate_empty), another message for an empty dim.
+    assert _raised(fn, TPU) == _raised(fn, "cpu")
+
+
 def _byte_mask_warnings(device: str) -> list[str]:
     mask = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=device)
     x = torch.arange(16.0, device=device).view(4, 4)
