@@ -205,3 +205,10 @@ def test_summary_counts():
     )
     assert (s["pass"], s["fail"], s["cpu_also_fails"], s["skip"], s["counted"]) == (1, 1, 1, 1, 2)
     assert s["pass_rate"] == 50.0
+
+
+def test_matches_for_k_and_exclude():
+    test_id = "test_x.TestFooTPU.test_batch_vs_slicing_log_tpu_float32"
+    assert pytorch_suite._matches(test_id, ["test_batch_vs_slicing"])
+    assert pytorch_suite._matches(test_id, ["*Foo*float32"])
+    assert not pytorch_suite._matches(test_id, ["float64", "*Bar*"])

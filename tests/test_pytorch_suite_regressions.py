@@ -140,6 +140,56 @@ def test_index_fill_complex_scalar_into_float_raises():
         x.to(TPU).index_fill_(1, torch.tensor([0], device=TPU), 1 + 1j)
 
 
+def test_logcumsumexp_out_of_another_dtype_raises():
+    # Was: accepted and cast (test_torch test_logcumsumexp); CPU's logcumsumexp.out does not cast.
+    b = torch.randn(5, 2, dtype=torch.float64)
+    for device in ("cpu", TPU):
+        with pytest.raises(RuntimeError, match="expected scalar_type Double but found Float"):
+            torch.logcumsumexp(b.to(device), 1, out=torch.zeros(5, 2, device=device))
+
+
+@pytest.mark.parametrize("fn", [torch.any, torch.all])
+def test_any_all_with_empty_dim_list_reduce_nothing(fn):
+    # Was: an AssertionError (reduced over every dim; CPU reduces none) (test_reductions test_dim_empty_any).
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    got = fn(x.to(TPU), dim=[])
+    assert got.shape == fn(x, dim=[]).shape and torch.equal(got.cpu(), fn(x, dim=[]))
+
+
+def test_multi_margin_loss_checks_shapes_before_targets():
+    # Was: "target out of range" before CPU's shape error (test_nn test_MarginLoss_empty).
+    for device in ("cpu", TPU):
+        x, y = torch.randn(0, device=device), torch.ones(10, dtype=torch.long, device=device)
+        with pytest.raises(RuntimeError, match="Expected non-empty vector or matrix"):
+            torch.nn.functional.multi_margin_loss(x, y)
+
+
+def _raised(fn, device: str) -> tuple[type, str]:
+    with pytest.raises(Exception) as info:
+        fn(device)
+    return info.type, str(info.value)
+
+
+def _put_too_many_values(device: str) -> None:
+    a = torch.zeros(2, 3, device=device)
+    a[[0, 1]] = torch.ones(3, 2, 3, device=device)
+
+
+def _put_into_scalar(device: str) -> None:
+    torch.rand([], device=device).index_put([], torch.tensor([1.0], device=device), True)
+
+
+def _index_empty_dim(device: str) -> None:
+    torch.empty(10, 0, device=device)[:, [0, 1]]
+
+
+@pytest.mark.parametrize("fn", [_put_too_many_values, _put_into_scalar, _index_empty_dim])
+def test_indexing_errors_as_cpu(fn):
+    # Was: jax's ValueError for values that do not broadcast to the indexing result (test_indexing
+    # test_setitem_expansion_error, test_index_put_accumulate_empty), another message for an empty dim.
+    assert _raised(fn, TPU) == _raised(fn, "cpu")
+
+
 def _byte_mask_warnings(device: str) -> list[str]:
     mask = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=device)
     x = torch.arange(16.0, device=device).view(4, 4)
@@ -153,6 +203,42 @@ def _byte_mask_warnings(device: str) -> list[str]:
 def test_byte_mask_deprecation_warning_as_cpu():
     # Was: no warning on tpu (test_indexing test_byte_mask_accumulate, test_byte_tensor_assignment).
     assert _byte_mask_warnings(TPU) == _byte_mask_warnings("cpu")
+
+
+# ---- complex special values (test_unary_ufuncs reference_numerics, test_binary_ufuncs)
+
+_INF = float("inf")
+
+
+def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True, rtol=1e-6, atol=0)
+
+
+def test_complex_division_by_infinite_parts_as_cpu():
+    # Was: 0 where CPU (Smith's division, as NumPy) gives nan, for a divisor with two infinite parts.
+    a = torch.tensor([1 + 1j, 2 - 1j, 1 + 0j, 3 + 4j], dtype=torch.complex128)
+    b = torch.tensor([complex(-_INF, _INF), complex(_INF, 1), 0j, 0.5 - 0.25j], dtype=torch.complex128)
+    _assert_same(a.to(TPU) / b.to(TPU), a / b)
+    _assert_same(torch.reciprocal(b.to(TPU)), torch.reciprocal(b))
+
+
+def test_complex_sigmoid_of_large_values_as_cpu():
+    # Was: 0 where exp(-x) overflows in both parts; CPU gives nan (test_reference_numerics_large_sigmoid).
+    x = torch.tensor([-1000 + 10j, -2000 - 3j, -1000 + 0j, 1000 + 1000j, 0.5 + 0.5j], dtype=torch.complex128)
+    _assert_same(torch.sigmoid(x.to(TPU)), torch.sigmoid(x))
+
+
+@pytest.mark.parametrize("fn", [torch.atan, torch.atanh])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_atan_atanh_special_values_as_cpu(fn, dtype):
+    # Was: -pi/2 for atan(1 + inf j), wrong branch-cut sides for signed zeros, nans kept finite
+    # (test_reference_numerics_extremal__refs_atan).
+    vals = [0.0, -0.0, 1.0, -1.0, 2.0, 1e20, -1e20, _INF, -_INF, float("nan"), 1e-20]
+    z = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=dtype)
+    got, want = fn(z.to(TPU)).cpu(), fn(z)
+    _assert_same(got, want)
+    assert torch.equal(got.real.signbit(), want.real.signbit())
+    assert torch.equal(got.imag.signbit(), want.imag.signbit())
 
 
 # ---- what passes now (guards against regressions in the classes above)

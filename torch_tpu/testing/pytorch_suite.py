@@ -1,7 +1,7 @@
 """PyTorch's own device-generic test files run on tpu, each test with a timeout, failures rechecked on CPU.
 
     python -m torch_tpu.testing.pytorch_suite --tests DIR [--files test_view_ops.py ...]
-        [--timeout S] [--sample N] [-k GLOB] [--report out.json] [--expected FILE]
+        [--timeout S] [--sample N] [-k GLOB] [--exclude GLOB] [--report out.json] [--expected FILE]
 
 DIR holds PyTorch's test/*.py files (of the installed torch's era); torch.testing._internal comes
 from the installed torch. Each file is imported in a worker process with
@@ -440,12 +440,19 @@ def sample_ids(ids: Sequence[str], n: int | None) -> list[str]:
     return [i for i in ids if i in chosen]
 
 
+def _matches(test_id: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(test_id, pat) or pat in test_id for pat in patterns)
+
+
 def run_file(file: Path, args: argparse.Namespace, workdir: Path) -> list[TestOutcome]:
     ids = collect(file, "tpu", workdir, args.startup_timeout)
     if args.k:
-        ids = [i for i in ids if any(fnmatch.fnmatchcase(i, pat) or pat in i for pat in args.k)]
+        ids = [i for i in ids if _matches(i, args.k)]
+    if args.exclude:
+        ids = [i for i in ids if not _matches(i, args.exclude)]
+    total = len(ids)
     ids = sample_ids(ids, args.sample)
-    print(f"{file.name}: {len(ids)} tpu tests", flush=True)
+    print(f"{file.name}: {len(ids)} of {total} tpu tests", flush=True)
     common = dict(
         timeout=args.timeout,
         startup_timeout=args.startup_timeout,
@@ -493,6 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, help="seconds per file; tests left over are not_run")
     parser.add_argument("--sample", type=int, help="run a deterministic sample of N tests per file")
     parser.add_argument("-k", action="append", help="only test ids matching this glob or substring")
+    parser.add_argument("--exclude", action="append", help="leave out test ids matching this glob or substring")
     parser.add_argument("--report", type=Path, help="write the results as JSON here")
     parser.add_argument("--expected", type=Path, default=DEFAULT_EXPECTED, help="expected-failures file")
     parser.add_argument("--no-cpu-check", action="store_true", help="do not rerun failures on CPU")

@@ -17,7 +17,7 @@ from jax import lax
 from torch_tpu import metrics
 from torch_tpu.ops.checks import Failure
 from torch_tpu.ops.dtypes import opmath, to_torch_dtype, type_name
-from torch_tpu.ops.lowerings.common import divide
+from torch_tpu.ops.lowerings.common import divide, sigmoid
 from torch_tpu.ops.promotion import (
     BOOL_UNSUPPORTED,
     PYTHON_SCALARS,
@@ -395,6 +395,42 @@ def frac(self):
     return x - jnp.trunc(x)
 
 
+def _complex_atanh(z):
+    """C99/NumPy catanh (CPython's cmath.atanh and its special values). jnp.arctanh and jnp.arctan
+    of complex inputs differ from CPU at infinities, nans and the branch cuts' signed zeros."""
+    u, v = jnp.real(z), jnp.imag(z)
+    sign = jnp.where(jnp.signbit(u), -1.0, 1.0).astype(u.dtype)  # atanh(-z) = -atanh(z)
+    x, y = jnp.abs(u), v * sign
+    ay = jnp.abs(y)
+    info = jnp.finfo(u.dtype)
+    h = jnp.hypot(x / 2, y / 2)
+    large = (x > math.sqrt(float(info.max)) / 4) | (ay > math.sqrt(float(info.max)) / 4)
+    re = jnp.where(large, x / 4 / h / h, jnp.log1p(4 * x / ((1 - x) * (1 - x) + ay * ay)) / 4)
+    im = jnp.where(large, -jnp.copysign(jnp.pi / 2, -y), -jnp.arctan2(-2 * y, (1 - x) * (1 + x) - ay * ay) / 2)
+    # x == 1 with a tiny y: the general form overflows
+    one = (x == 1) & (ay > 0) & (ay < math.sqrt(float(info.tiny)))
+    re = jnp.where(one, -jnp.log(jnp.sqrt(ay) / jnp.sqrt(jnp.hypot(ay, 2))), re)
+    im = jnp.where(one, jnp.copysign(jnp.arctan2(2, -ay) / 2, y), im)
+    # special values: an infinite part gives 0 +- pi/2 i; a nan gives nan unless C99 says otherwise
+    nan, inf_x, inf_y = jnp.isnan(x) | jnp.isnan(y), jnp.isinf(x), jnp.isinf(y)
+    half_pi = jnp.copysign(jnp.asarray(jnp.pi / 2, u.dtype), y)
+    zero, nans = jnp.zeros_like(x), jnp.full_like(x, jnp.nan)
+    re = jnp.where(nan, jnp.where(inf_x | inf_y | (x == 0), zero, nans), jnp.where(inf_x | inf_y, zero, re))
+    im = jnp.where(nan, jnp.where(inf_y, half_pi, nans), jnp.where(inf_x | inf_y, half_pi, im))
+    return lax.complex(re * sign, im * sign)
+
+
+def _atanh(x):
+    return _complex_atanh(x) if jnp.iscomplexobj(x) else jnp.arctanh(x)
+
+
+def _atan(x):
+    if not jnp.iscomplexobj(x):
+        return jnp.arctan(x)
+    w = _complex_atanh(lax.complex(-jnp.imag(x), jnp.real(x)))  # atan(z) = -i atanh(i z)
+    return lax.complex(jnp.imag(w), -jnp.real(w))
+
+
 def _sinc(x):
     pix = x * math.pi
     return jnp.where(x == 0, jnp.ones_like(x), jnp.sin(pix) / jnp.where(x == 0, 1, pix))
@@ -411,20 +447,20 @@ _FLOAT_UNARY = {
     aten.log1p.default: jnp.log1p,
     aten.sqrt.default: jnp.sqrt,
     aten.rsqrt.default: lax.rsqrt,
-    aten.reciprocal.default: lambda x: 1 / x,
+    aten.reciprocal.default: lambda x: divide(1, x),
     aten.sin.default: jnp.sin,
     aten.cos.default: jnp.cos,
     aten.tan.default: jnp.tan,
     aten.asin.default: jnp.arcsin,
     aten.acos.default: jnp.arccos,
-    aten.atan.default: jnp.arctan,
+    aten.atan.default: _atan,
     aten.sinh.default: jnp.sinh,
     aten.cosh.default: jnp.cosh,
     aten.tanh.default: jnp.tanh,
     aten.asinh.default: jnp.arcsinh,
     aten.acosh.default: jnp.arccosh,
-    aten.atanh.default: jnp.arctanh,
-    aten.sigmoid.default: lax.logistic,
+    aten.atanh.default: _atanh,
+    aten.sigmoid.default: sigmoid,
     aten.erf.default: lax.erf,
     aten.erfc.default: lax.erfc,
     aten.erfinv.default: lax.erf_inv,

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
 from torch_tpu.ops import precision
 from torch_tpu.ops.dtypes import to_opmath
-from torch_tpu.ops.lowerings.common import divide
+from torch_tpu.ops.lowerings.common import divide, sigmoid
 from torch_tpu.ops.lowerings.elementwise import lerp as _lerp  # CPU's lerp, exact at both ends
 from torch_tpu.ops.registry import aten, lower
 
@@ -309,14 +308,14 @@ _UNARY = {
     "sign": _sign,
     "sqrt": _float_unary(jnp.sqrt),
     "rsqrt": _float_unary(lax.rsqrt),
-    "reciprocal": _float_unary(lambda x: 1 / x),
+    "reciprocal": _float_unary(lambda x: divide(1, x)),
     "exp": _float_unary(jnp.exp),
     "expm1": _float_unary(jnp.expm1),
     "log": _float_unary(jnp.log),
     "log1p": _float_unary(jnp.log1p),
     "log2": _float_unary(jnp.log2),
     "log10": _float_unary(jnp.log10),
-    "sigmoid": _float_unary(jax.nn.sigmoid),
+    "sigmoid": _float_unary(sigmoid),
     "tanh": _float_unary(jnp.tanh),
     "sin": _float_unary(jnp.sin),
     "cos": _float_unary(jnp.cos),

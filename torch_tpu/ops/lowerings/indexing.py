@@ -508,18 +508,16 @@ def _prepare_indices(self: torch.Tensor, indices) -> list:
             # CPU's message counts dimensions among the index tensors only.
             k = sum(u is not None for u in out[:d])
             size = self.shape[d]
-            checks.append(
-                (
-                    t,
-                    -size,
-                    size,
-                    lambda v, k=k, size=size: IndexError(
-                        f"index {v} is out of bounds for dimension {k} with size {size}"
-                    ),
-                )
-            )
+            checks.append((t, -size, size, lambda v, k=k, size=size: IndexError(_out_of_bounds(v, k, size))))
     check_ranges(checks)
     return [t if t is None or t.device == self.device else t.to(self.device) for t in out]
+
+
+def _out_of_bounds(value, dim: int, size: int) -> str:
+    """CPU's message for an index out of range (it names neither for an empty dimension)."""
+    if size == 0:
+        return "index is out of bounds for dimension with size 0"
+    return f"index {value} is out of bounds for dimension {dim} with size {size}"
 
 
 def _index(x, indices):
@@ -533,7 +531,7 @@ def index_failures(x, indices, *args, **kwargs) -> list[Failure]:
         if i is not None and d < x.ndim:
             k = sum(u is not None for u in indices[:d])
             size = x.shape[d]
-            message = f"index {{value}} is out of bounds for dimension {k} with size {size}"
+            message = _out_of_bounds("{value}", k, size)
             failures += first_outside(i, -size, size, IndexError, message)
     return failures
 
@@ -628,4 +626,29 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
         metrics.bump("executions")
         write_jax(self, _mask_put(to_jax(self), to_jax(mask), value, d, accumulate))
         return self
-    return _index_put_kernel(self, _prepare_indices(self, indices), values, accumulate, unsafe)
+    indices = _prepare_indices(self, indices)
+    _check_values_shape(self, indices, values)
+    return _index_put_kernel(self, indices, values, accumulate, unsafe)
+
+
+@functools.lru_cache(maxsize=1024)
+def _indexing_result_shape(shape: torch.Size, index_shapes: tuple) -> torch.Size:
+    """The shape of x[indices] (None for a full slice), from the meta index kernel."""
+    if all(i is None for i in index_shapes):
+        return shape
+    meta = [None if i is None else torch.empty(i, dtype=torch.long, device="meta") for i in index_shapes]
+    return aten.index.Tensor(torch.empty(shape, device="meta"), meta).shape
+
+
+def _check_values_shape(self: torch.Tensor, indices, values: torch.Tensor) -> None:
+    """CPU's error when the values do not broadcast to x[indices] (jax raised a ValueError)."""
+    result = _indexing_result_shape(self.shape, tuple(None if i is None else i.shape for i in indices))
+    try:
+        fits = torch.broadcast_shapes(values.shape, result) == result
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
+            f"result of shape {list(result)}"
+        )

@@ -223,6 +223,10 @@ def _as_batch(self, target):
 
 
 def _margin_target_host(self, target, *args, **kwargs):
+    # CPU checks the shapes before the target values: the meta kernel raises its shape errors.
+    meta = [_meta_like(a) if isinstance(a, torch.Tensor) else a for a in (self, target, *args)]
+    kwargs = {k: _meta_like(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    aten.multi_margin_loss.default(*meta, **kwargs)
     classes = self.shape[-1] if self.dim() else 1
     check_ranges([(target, 0, classes, lambda v: RuntimeError("target out of range"))])
 

@@ -42,6 +42,13 @@ def _axes(dim, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(d % ndim for d in dim))
 
 
+def _list_axes(dim, ndim: int) -> tuple[int, ...]:
+    """Axes of any and all, for which CPU reads dim=[] as no axes (sum and the rest: all of them)."""
+    if dim is not None and not isinstance(dim, int) and len(dim) == 0:
+        return ()
+    return _axes(dim, ndim)
+
+
 def _axis(dim: int, ndim: int) -> int | None:
     """One normalized axis, or None for a 0-dim tensor."""
     return None if ndim == 0 else dim % ndim
@@ -286,7 +293,7 @@ def any_dim(x, dim, keepdim=False):
 
 @lower(aten.any.dims)
 def any_dims(x, dim=None, keepdim=False):
-    return jnp.any(x != 0, axis=_axes(dim, x.ndim), keepdims=keepdim)
+    return jnp.any(x != 0, axis=_list_axes(dim, x.ndim), keepdims=keepdim)
 
 
 @lower(aten.all.default)
@@ -301,7 +308,7 @@ def all_dim(x, dim, keepdim=False):
 
 @lower(aten.all.dims)
 def all_dims(x, dim=None, keepdim=False):
-    return jnp.all(x != 0, axis=_axes(dim, x.ndim), keepdims=keepdim)
+    return jnp.all(x != 0, axis=_list_axes(dim, x.ndim), keepdims=keepdim)
 
 
 @lower(aten.count_nonzero.dim_IntList)
@@ -392,7 +399,14 @@ def cumprod(x, dim, *, dtype=None):
     return _scan(_acc(x), dim, jnp.cumprod).astype(x.dtype)
 
 
-@lower(aten.logcumsumexp.default)  # _logcumsumexp has no meta kernel
+@signature_check
+def _logcumsumexp_out_check(self, dim, *, out=None):
+    """CPU's logcumsumexp.out takes an output of the input's dtype only (it does not cast)."""
+    if out is not None and out.dtype != self.dtype:
+        raise RuntimeError(f"expected scalar_type {type_name(self.dtype)} but found {type_name(out.dtype)}")
+
+
+@lower(aten.logcumsumexp.default, check=_logcumsumexp_out_check)  # _logcumsumexp has no meta kernel
 def logcumsumexp(x, dim):
     out_dtype = x.dtype
     return _scan(_acc(x), dim, lambda v, axis: lax.cumlogsumexp(v, axis=axis)).astype(out_dtype)
