@@ -1,7 +1,7 @@
 """Eager per-op overhead of torch_tpu against bare jax.jit, torchax and torch_xla, interleaved.
 
 python benchmarks/eager_dispatch.py [--rounds 7] [--calls 2000] [--json OUT]
-    [--torchax-src DIR] [--torch-xla-python PYTHON]
+    [--torchax-src DIR] [--torch-xla-python PYTHON] [--cases add4,mm256,...] [--baseline TREE]
 
 Each backend runs in its own worker process (torchax and torch_xla rename or own PrivateUse1 and
 torch_xla needs its own torch). The driver sends every worker the same case in turn, round after
@@ -14,6 +14,12 @@ Cases:
 - add4:   a + b on 4-element float32 tensors
 - mm256:  a @ b on 256x256 float32
 - linear_relu_step: forward and backward of relu(Linear(256, 256)(x)).sum(), x of 64x256
+- mingpt_step (torch_tpu only, not run by default): one eager training step of examples/mingpt
+  (forward, backward, AdamW), `calls // 400` steps per sample
+
+`--baseline TREE` adds a torch_tpu worker importing torch_tpu from another checkout (with its
+extension built), e.g. the commit before a dispatch change: `--cases mingpt_step --baseline
+/work/wt/base` compares the two at equal load.
 
 Peers: torchax runs from its source tree (`--torchax-src`, or $TORCHAX_SRC), op by op in its eager
 mode (the step through torch.func.grad, its way into autograd). torch_xla runs from another
@@ -33,8 +39,11 @@ import subprocess
 import sys
 import time
 
-CASES = ("add4", "mm256", "linear_relu_step")
-OP_CASES = ("add4", "mm256")
+CASES = ("add4", "mm256", "linear_relu_step", "mingpt_step")
+DEFAULT_CASES = ("add4", "mm256", "linear_relu_step")
+OP_CASES = ("add4", "mm256")  # compared with jax.jit; the steps with torch_tpu
+STEP_CALLS_DIVISOR = {"mingpt_step": 400}  # a training step costs hundreds of ops
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---- workers: one process per backend, reading "CASE CALLS" lines and answering JSON -------------
 
@@ -93,7 +102,38 @@ def _worker_torch_tpu():
 
     import torch_tpu
 
-    return _torch_cases(torch, "tpu", lambda out: torch_tpu.sync())
+    def wait(out):
+        torch_tpu.sync()
+
+    return {**_torch_cases(torch, "tpu", wait), "mingpt_step": _mingpt_step(torch, "tpu", wait)}
+
+
+def _mingpt_step(torch, device, wait):
+    """examples/mingpt's eager training step, through its harness's model, loss and optimizer."""
+    import importlib.util
+
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    spec = importlib.util.spec_from_file_location("mingpt_train", os.path.join(REPO, "examples", "mingpt", "train.py"))
+    mingpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mingpt)
+    example = mingpt.EXAMPLE
+    torch.manual_seed(0)
+    model = example.make_model().to(device)
+    model.train()
+    optimizer = example.make_optimizer(model)
+    batch = tuple(x.to(device) for x in next(iter(example.batches(1, 0))))
+
+    def run(calls):
+        start = time.perf_counter()
+        for _ in range(calls):
+            loss = example.loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        wait(loss)
+        return (time.perf_counter() - start) / calls
+
+    return run
 
 
 def _worker_jax():
@@ -178,6 +218,9 @@ def _worker_main(name: str) -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         case, calls = line.split()
+        if case not in cases:
+            print(json.dumps({"us": None}), flush=True)  # not a case of this backend
+            continue
         try:
             seconds = cases[case](int(calls))
             print(json.dumps({"us": 1e6 * seconds}), flush=True)
@@ -218,7 +261,7 @@ class Worker:
         if "error" in reply:
             self.error = reply["error"]
             return None
-        return reply["us"]
+        return reply["us"]  # None: not a case of this backend
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -233,6 +276,8 @@ def _start_workers(args) -> list[Worker]:
     base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     here = {**base, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     specs = [("torch_tpu", sys.executable, here), ("jax.jit", sys.executable, here)]
+    if args.baseline:
+        specs.append((f"torch_tpu ({args.baseline})", sys.executable, {**base, "PYTHONPATH": args.baseline}))
     torchax_src = args.torchax_src or os.environ.get("TORCHAX_SRC")
     if torchax_src:
         specs.append(("torchax", sys.executable, {**base, "PYTHONPATH": torchax_src}))
@@ -255,17 +300,21 @@ def _absent(name: str, why: str) -> Worker:
     return worker
 
 
-def measure(workers: list[Worker], rounds: int, calls: int) -> dict:
-    samples: dict = {w.name: {c: [] for c in CASES} for w in workers}
-    for case in CASES:
+def _calls(case: str, calls: int) -> int:
+    return max(calls // STEP_CALLS_DIVISOR.get(case, 1), 1)
+
+
+def measure(workers: list[Worker], rounds: int, calls: int, cases=DEFAULT_CASES) -> dict:
+    samples: dict = {w.name: {c: [] for c in cases} for w in workers}
+    for case in cases:
         for w in workers:  # warm-up: compiles and caches
-            w.run(case, max(calls // 10, 10))
+            w.run(case, max(_calls(case, calls) // 10, 2))
     for _ in range(rounds):
-        for case in CASES:
+        for case in cases:
             order = list(workers)
             random.shuffle(order)
             for w in order:
-                us = w.run(case, calls)
+                us = w.run(case, _calls(case, calls))
                 if us is not None:
                     samples[w.name][case].append(us)
     return {
@@ -277,28 +326,23 @@ def measure(workers: list[Worker], rounds: int, calls: int) -> dict:
     }
 
 
-def table(results: dict) -> str:
-    jit = results.get("jax.jit", {})
-    tpu = results.get("torch_tpu", {})
-    lines = [
-        "| backend | add4 µs | mm256 µs | Linear+ReLU step µs | add4 / jax.jit | mm256 / jax.jit | step / torch_tpu |",
-        "|---|---|---|---|---|---|---|",
-    ]
+_TITLES = {"add4": "add4", "mm256": "mm256", "linear_relu_step": "Linear+ReLU step", "mingpt_step": "minGPT step"}
+
+
+def table(results: dict, cases=DEFAULT_CASES) -> str:
+    """µs per call of each case, then each case's ratio: ops to jax.jit, steps to torch_tpu."""
+    refs = {c: ("jax.jit" if c in OP_CASES else "torch_tpu") for c in cases}
+    head = [f"{_TITLES[c]} µs" for c in cases] + [f"{_TITLES[c]} / {refs[c]}" for c in cases]
+    lines = ["| backend | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for name, r in results.items():
-        if r.get("error") and not any(c in r for c in CASES):
-            lines.append(f"| {name} | {r['error']} | | | | | |")
+        if r.get("error") and not any(c in r for c in cases):
+            lines.append(f"| {name} | {r['error']} |" + " |" * (len(head) - 1))
             continue
-
-        def cell(case, r=r):
-            return f"{r[case]:.1f}" if case in r else "-"
-
-        def ratio(case, ref, r=r):
-            return f"{r[case] / ref[case]:.2f}x" if case in r and case in ref else "-"
-
-        lines.append(
-            f"| {name} | {cell('add4')} | {cell('mm256')} | {cell('linear_relu_step')} | "
-            f"{ratio('add4', jit)} | {ratio('mm256', jit)} | {ratio('linear_relu_step', tpu)} |"
-        )
+        cells = [f"{r[c]:.1f}" if c in r else "-" for c in cases]
+        for c in cases:
+            ref = results.get(refs[c], {})
+            cells.append(f"{r[c] / ref[c]:.2f}x" if c in r and c in ref else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -310,21 +354,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torchax-src")
     parser.add_argument("--torch-xla-python")
     parser.add_argument("--json")
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"some of {', '.join(CASES)}")
+    parser.add_argument("--baseline", help="another checkout's root, run as a second torch_tpu worker")
     args = parser.parse_args(argv)
     if args.worker:
         _worker_main(args.worker)
         return 0
+    cases = tuple(c for c in args.cases.split(",") if c)
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases {', '.join(sorted(unknown))}")
     workers = _start_workers(args)
     try:
-        results = measure(workers, args.rounds, args.calls)
+        results = measure(workers, args.rounds, args.calls, cases)
     finally:
         for w in workers:
             w.close()
-    print(f"median of {args.rounds} interleaved rounds of {args.calls} calls each")
-    print(table(results))
+    counts = ", ".join(f"{_TITLES[c]}: {_calls(c, args.calls)}" for c in cases if c in STEP_CALLS_DIVISOR)
+    print(f"median of {args.rounds} interleaved rounds of {args.calls} calls each" + (f" ({counts})" if counts else ""))
+    print(table(results, cases))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "calls": args.calls, "results": results}, f, indent=2)
+            json.dump({"rounds": args.rounds, "calls": args.calls, "cases": cases, "results": results}, f, indent=2)
     return 0
 
 
