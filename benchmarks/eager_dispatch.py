@@ -232,11 +232,11 @@ def _worker_main(name: str) -> None:
 
 
 class Worker:
-    def __init__(self, name: str, python: str, env: dict):
-        self.name = name
+    def __init__(self, name: str, python: str, env: dict, kind: str | None = None):
+        self.name = name  # as the table shows it; `kind` (default: the name) picks the worker
         self.error: str | None = None
         self.proc = subprocess.Popen(
-            [python, os.path.abspath(__file__), "--worker", name],
+            [python, os.path.abspath(__file__), "--worker", kind or name],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -277,7 +277,8 @@ def _start_workers(args) -> list[Worker]:
     here = {**base, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     specs = [("torch_tpu", sys.executable, here), ("jax.jit", sys.executable, here)]
     if args.baseline:
-        specs.append((f"torch_tpu ({args.baseline})", sys.executable, {**base, "PYTHONPATH": args.baseline}))
+        baseline_env = {**base, "PYTHONPATH": args.baseline}
+        specs.append((f"torch_tpu ({args.baseline})", sys.executable, baseline_env, "torch_tpu"))
     torchax_src = args.torchax_src or os.environ.get("TORCHAX_SRC")
     if torchax_src:
         specs.append(("torchax", sys.executable, {**base, "PYTHONPATH": torchax_src}))
@@ -335,9 +336,10 @@ def table(results: dict, cases=DEFAULT_CASES) -> str:
     head = [f"{_TITLES[c]} µs" for c in cases] + [f"{_TITLES[c]} / {refs[c]}" for c in cases]
     lines = ["| backend | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for name, r in results.items():
-        if r.get("error") and not any(c in r for c in cases):
-            lines.append(f"| {name} | {r['error']} |" + " |" * (len(head) - 1))
-            continue
+        if not any(c in r for c in cases):
+            if r.get("error"):
+                lines.append(f"| {name} | {r['error']} |" + " |" * (len(head) - 1))
+            continue  # none of these cases is one of this backend's
         cells = [f"{r[c]:.1f}" if c in r else "-" for c in cases]
         for c in cases:
             ref = results.get(refs[c], {})
