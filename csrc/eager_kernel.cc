@@ -527,27 +527,42 @@ class OpState {
     if (!entry.execute || call.numbers) {
       return false;
     }
-    static PyObject* nans = nullptr;
-    static PyObject* infs = nullptr;
-    if (nans == nullptr) {
-      py::module_ config = py::module_::import("jax._src.config");
-      nans = py::object(config.attr("debug_nans")).release().ptr();
-      infs = py::object(config.attr("debug_infs")).release().ptr();
-    }
-    return !config_on(nans) && !config_on(infs);
+    static const JaxChecks checks = JaxChecks::find();
+    return checks.get != nullptr && !checks.on(checks.nans) && !checks.on(checks.infs);
   }
 
-  static bool config_on(PyObject* state) {
-    static PyObject* value = PyUnicode_InternFromString("value");
-    PyObject* v = PyObject_GetAttr(state, value);
-    if (v == nullptr) {
-      PyErr_Clear();
-      return true;  // unknown: jax's own call decides
+  // jax's nan/inf check settings: their config states and the states' `value` getter (a C++
+  // function: no attribute lookup per call). All null if this jax has them elsewhere.
+  struct JaxChecks {
+    PyObject* get = nullptr;
+    PyObject* nans = nullptr;
+    PyObject* infs = nullptr;
+
+    static JaxChecks find() {
+      JaxChecks found;
+      try {
+        py::module_ config = py::module_::import("jax._src.config");
+        py::object nans = config.attr("debug_nans");
+        py::object infs = config.attr("debug_infs");
+        py::object get = py::type::of(nans).attr("value").attr("fget");
+        found = {get.release().ptr(), nans.release().ptr(), infs.release().ptr()};  // kept for good
+      } catch (const py::error_already_set&) {
+        PyErr_Clear();
+      }
+      return found;
     }
-    const bool on = PyObject_IsTrue(v) != 0;
-    Py_DECREF(v);
-    return on;
-  }
+
+    bool on(PyObject* state) const {
+      PyObject* v = PyObject_CallOneArg(get, state);
+      if (v == nullptr) {
+        PyErr_Clear();
+        return true;  // unknown: jax's own call decides
+      }
+      const bool value = PyObject_IsTrue(v) != 0;
+      Py_DECREF(v);
+      return value;
+    }
+  };
 
   // The op's Python kernel, called as torch.library calls a Python kernel; on a miss (`missed`
   // set) it may offer its executable for the call's key.
