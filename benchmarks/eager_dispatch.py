@@ -234,8 +234,10 @@ def _worker_main(name: str) -> None:
             print(json.dumps({"us": None}), flush=True)  # not a case of this backend
             continue
         try:
+            cpu = time.process_time()  # all of this process's threads: XLA's too
             seconds = cases[case](int(calls))
-            print(json.dumps({"us": 1e6 * seconds}), flush=True)
+            cpu_us = 1e6 * (time.process_time() - cpu) / int(calls)
+            print(json.dumps({"us": 1e6 * seconds, "cpu_us": cpu_us}), flush=True)
         except Exception as e:
             print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
 
@@ -247,6 +249,7 @@ class Worker:
     def __init__(self, name: str, python: str, env: dict, kind: str | None = None):
         self.name = name  # as the table shows it; `kind` (default: the name) picks the worker
         self.error: str | None = None
+        self.cpu_us: float | None = None  # the last run's CPU time per call
         self.proc = subprocess.Popen(
             [python, os.path.abspath(__file__), "--worker", kind or name],
             stdin=subprocess.PIPE,
@@ -273,6 +276,7 @@ class Worker:
         if "error" in reply:
             self.error = reply["error"]
             return None
+        self.cpu_us = reply.get("cpu_us")
         return reply["us"]  # None: not a case of this backend
 
     def close(self) -> None:
@@ -320,6 +324,10 @@ class SameProcessJax:
     def error(self) -> str | None:
         return self.host.error
 
+    @property
+    def cpu_us(self) -> float | None:
+        return self.host.cpu_us
+
     def run(self, case: str, calls: int) -> float | None:
         return self.host.run(case + SAME_PROCESS, calls) if case in OP_CASES else None
 
@@ -340,6 +348,7 @@ def _calls(case: str, calls: int) -> int:
 
 def measure(workers: list[Worker], rounds: int, calls: int, cases=DEFAULT_CASES) -> dict:
     samples: dict = {w.name: {c: [] for c in cases} for w in workers}
+    cpu: dict = {w.name: {c: [] for c in cases} for w in workers}
     for case in cases:
         for w in workers:  # warm-up: compiles and caches
             w.run(case, max(_calls(case, calls) // 10, 2))
@@ -351,10 +360,13 @@ def measure(workers: list[Worker], rounds: int, calls: int, cases=DEFAULT_CASES)
                 us = w.run(case, _calls(case, calls))
                 if us is not None:
                     samples[w.name][case].append(us)
+                    if w.cpu_us is not None:
+                        cpu[w.name][case].append(w.cpu_us)
     return {
         w.name: {
             "error": w.error,
             **{c: statistics.median(v) for c, v in samples[w.name].items() if v},
+            "cpu_us": {c: statistics.median(v) for c, v in cpu[w.name].items() if v},
         }
         for w in workers
     }
@@ -380,6 +392,15 @@ def table(results: dict, cases=DEFAULT_CASES) -> str:
             cells.append(f"{r[c] / ref[c]:.2f}x" if c in r and c in ref else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cpu_ratios(results: dict, cases) -> str:
+    """torch_tpu's CPU time per op over bare jax.jit's in the same process: preemption on a loaded
+    machine inflates wall time, not CPU time."""
+    tpu = results.get("torch_tpu", {}).get("cpu_us", {})
+    jit = results.get(JAX_IN_TPU, {}).get("cpu_us", {})
+    parts = [f"{c} {tpu[c] / jit[c]:.2f}x ({tpu[c]:.1f} / {jit[c]:.1f} µs)" for c in cases if c in tpu and c in jit]
+    return ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     counts = ", ".join(f"{_TITLES[c]}: {_calls(c, args.calls)}" for c in cases if c in STEP_CALLS_DIVISOR)
     print(f"median of {args.rounds} interleaved rounds of {args.calls} calls each" + (f" ({counts})" if counts else ""))
     print(table(results, cases))
+    cpu_ratios = _cpu_ratios(results, cases)
+    if cpu_ratios:
+        print(f"CPU time (process_time, all threads), torch_tpu / jax.jit in its process: {cpu_ratios}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": args.rounds, "calls": args.calls, "cases": cases, "results": results}, f, indent=2)

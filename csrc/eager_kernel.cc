@@ -169,6 +169,42 @@ void push_python_result(const c10::FunctionSchema& schema, torch::jit::Stack* st
   }
 }
 
+// jax's nan/inf check settings: their config states and the states' `value` getter (a C++
+// function: no attribute lookup per call). All null if this jax has them elsewhere
+// (then every call takes jax's call layer). Found when the first kernel registers (imports
+// there, not mid-call).
+struct JaxChecks {
+  PyObject* get = nullptr;
+  PyObject* nans = nullptr;
+  PyObject* infs = nullptr;
+
+  static JaxChecks find() {
+    JaxChecks found;
+    try {
+      py::module_ config = py::module_::import("jax._src.config");
+      py::object nans = config.attr("debug_nans");
+      py::object infs = config.attr("debug_infs");
+      py::object get = py::type::of(nans).attr("value").attr("fget");
+      found = {get.release().ptr(), nans.release().ptr(), infs.release().ptr()};  // kept for good
+    } catch (const py::error_already_set&) {
+      PyErr_Clear();
+    }
+    return found;
+  }
+
+  bool on(PyObject* state) const {
+    PyObject* v = PyObject_CallOneArg(get, state);
+    if (v == nullptr) {
+      PyErr_Clear();
+      return true;  // unknown: jax's own call decides
+    }
+    const bool value = PyObject_IsTrue(v) != 0;
+    Py_DECREF(v);
+    return value;
+  }
+};
+JaxChecks g_jax_checks;  // guarded by the GIL
+
 class OpState;
 
 // A miss in progress: the op's Python kernel offers its executable to the innermost frame.
@@ -527,42 +563,9 @@ class OpState {
     if (!entry.execute || call.numbers) {
       return false;
     }
-    static const JaxChecks checks = JaxChecks::find();
+    const JaxChecks& checks = g_jax_checks;
     return checks.get != nullptr && !checks.on(checks.nans) && !checks.on(checks.infs);
   }
-
-  // jax's nan/inf check settings: their config states and the states' `value` getter (a C++
-  // function: no attribute lookup per call). All null if this jax has them elsewhere.
-  struct JaxChecks {
-    PyObject* get = nullptr;
-    PyObject* nans = nullptr;
-    PyObject* infs = nullptr;
-
-    static JaxChecks find() {
-      JaxChecks found;
-      try {
-        py::module_ config = py::module_::import("jax._src.config");
-        py::object nans = config.attr("debug_nans");
-        py::object infs = config.attr("debug_infs");
-        py::object get = py::type::of(nans).attr("value").attr("fget");
-        found = {get.release().ptr(), nans.release().ptr(), infs.release().ptr()};  // kept for good
-      } catch (const py::error_already_set&) {
-        PyErr_Clear();
-      }
-      return found;
-    }
-
-    bool on(PyObject* state) const {
-      PyObject* v = PyObject_CallOneArg(get, state);
-      if (v == nullptr) {
-        PyErr_Clear();
-        return true;  // unknown: jax's own call decides
-      }
-      const bool value = PyObject_IsTrue(v) != 0;
-      Py_DECREF(v);
-      return value;
-    }
-  };
 
   // The op's Python kernel, called as torch.library calls a Python kernel; on a miss (`missed`
   // set) it may offer its executable for the call's key.
@@ -638,6 +641,9 @@ void register_eager_kernel(const std::string& label, const std::string& name, co
                            const py::object& kernel, const std::vector<int64_t>& traced, bool inplace,
                            const py::object& locks) {
   const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  if (g_jax_checks.get == nullptr) {
+    g_jax_checks = JaxChecks::find();
+  }
   auto* state = new OpState(label, handle.schema(), kernel.ptr(), traced, inplace, locks.ptr());
   all_ops().push_back(state);
   const std::string short_name = name.substr(name.find("::") + 2);
