@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -189,14 +190,16 @@ def _dispatch_cell(repeats: int) -> dict:
         if out is not None:
             out.block_until_ready()
 
-    def pair(torch_op, jax_op, shape) -> dict:
+    def pair(torch_op, jax_op, shape, rounds: int = 7) -> dict:
+        """Medians of `rounds` interleaved rounds, as benchmarks/eager_dispatch.py measures."""
         a, b = torch.randn(shape, device="tpu"), torch.randn(shape, device="tpu")
         ja, jb = jnp.asarray(np.random.rand(*shape), jnp.float32), jnp.asarray(np.random.rand(*shape), jnp.float32)
         jitted = jax.jit(jax_op)
-        return {
-            "torch_tpu_us": 1e6 * per_call(lambda: torch_op(a, b), tpu_sync),
-            "jax_jit_us": 1e6 * per_call(lambda: jitted(ja, jb), jax_sync),
-        }
+        tpu_us, jax_us = [], []
+        for _ in range(rounds):
+            tpu_us.append(1e6 * per_call(lambda: torch_op(a, b), tpu_sync))
+            jax_us.append(1e6 * per_call(lambda: jitted(ja, jb), jax_sync))
+        return {"torch_tpu_us": statistics.median(tpu_us), "jax_jit_us": statistics.median(jax_us)}
 
     result = {"add 4 floats": pair(torch.add, jnp.add, (4,)), "matmul 256²": pair(torch.matmul, jnp.matmul, (256, 256))}
     n = 1024

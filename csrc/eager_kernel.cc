@@ -52,6 +52,11 @@ struct Output {
 
 struct Entry {
   py::object run;  // run(inputs, None) -> [fresh results..., self's new buffer]
+  // The same executable without jax's call layer, for calls whose inputs are all arrays:
+  // execute(inputs) -> results, results.consume_with_handlers(handlers) -> run's list. Null
+  // where jax's call does more than that (effects, pruned or constant inputs).
+  py::object execute;
+  py::object handlers;
   std::vector<Output> fresh;
   at::ScalarType self_dtype = at::ScalarType::Undefined;  // in-place ops: the new buffer's spec
   int64_t self_numel = -1;
@@ -60,12 +65,43 @@ struct Entry {
   py::object job;
 };
 
+// A signature key's bytes: strings reused from a per-thread pool, so a call allocates none.
+class KeyBuffer {
+ public:
+  KeyBuffer() {
+    std::vector<std::string>& free = pool();
+    if (!free.empty()) {
+      text_ = std::move(free.back());
+      free.pop_back();
+      text_.clear();
+    }
+  }
+  ~KeyBuffer() {
+    if (text_.capacity() <= 1024) {
+      pool().push_back(std::move(text_));
+    }
+  }
+  KeyBuffer(const KeyBuffer&) = delete;
+  KeyBuffer& operator=(const KeyBuffer&) = delete;
+  std::string& text() { return text_; }
+
+ private:
+  static std::vector<std::string>& pool() {
+    thread_local std::vector<std::string> free;
+    return free;
+  }
+  std::string text_;
+};
+
 // One call as the fast path reads it.
 struct Call {
-  std::string key;
+  KeyBuffer key_buffer;
+  std::string& key = key_buffer.text();
   // The executable's inputs in argument order: a tensor's buffer (its array is read only when
   // an executable runs), or a traced number.
   std::vector<std::pair<DeviceBuffer*, py::object>> inputs;
+  bool numbers = false;  // some input is a Python number (jax's call makes it an array)
+  bool precision_in_key = false;  // the key holds the matmul precision
   int device = -1;
 };
 
@@ -142,12 +178,49 @@ void push_python_result(const c10::FunctionSchema& schema, torch::jit::Stack* st
   }
 }
 
+// jax's nan/inf check settings: their config states and the states' `value` getter (a C++
+// function: no attribute lookup per call). All null if this jax has them elsewhere
+// (then every call takes jax's call layer). Found when the first kernel registers (imports
+// there, not mid-call).
+struct JaxChecks {
+  PyObject* get = nullptr;
+  PyObject* nans = nullptr;
+  PyObject* infs = nullptr;
+
+  static JaxChecks find() {
+    JaxChecks found;
+    try {
+      py::module_ config = py::module_::import("jax._src.config");
+      py::object nans = config.attr("debug_nans");
+      py::object infs = config.attr("debug_infs");
+      py::object get = py::type::of(nans).attr("value").attr("fget");
+      found = {get.release().ptr(), nans.release().ptr(), infs.release().ptr()};  // kept for good
+    } catch (const py::error_already_set&) {
+      PyErr_Clear();
+    }
+    return found;
+  }
+
+  bool on(PyObject* state) const {
+    PyObject* v = PyObject_CallOneArg(get, state);
+    if (v == nullptr) {
+      PyErr_Clear();
+      return true;  // unknown: jax's own call decides
+    }
+    const bool value = PyObject_IsTrue(v) != 0;
+    Py_DECREF(v);
+    return value;
+  }
+};
+JaxChecks g_jax_checks;  // guarded by the GIL
+
 class OpState;
 
 // A miss in progress: the op's Python kernel offers its executable to the innermost frame.
 struct Frame {
-  const OpState* op;
+  OpState* op;
   const std::vector<c10::IValue>* arguments;
+  bool precision_in_key;
   std::shared_ptr<const Entry> offered;
 };
 thread_local std::vector<Frame*> g_frames;
@@ -228,6 +301,14 @@ class OpState {
 
   const std::string& name() const { return name_; }
   bool inplace() const { return inplace_; }
+  // An executable of this op read the matmul precision while it was traced: from now on every
+  // key of the op holds it (the entries keyed without it go).
+  void note_reads_precision() {
+    if (!reads_precision_) {
+      reads_precision_ = true;
+      clear();
+    }
+  }
 
   void call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     py::gil_scoped_acquire gil;
@@ -257,7 +338,7 @@ class OpState {
         }
       }
     }
-    call_python(op, stack, fast ? &call.key : nullptr);
+    call_python(op, stack, fast ? &call : nullptr);
   }
 
   void clear() {
@@ -271,18 +352,23 @@ class OpState {
     std::string& key = call.key;
     key.reserve(64);
     append(key, static_cast<int8_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
-    append(key, static_cast<int8_t>(g_precision_override >= 0
-                                        ? g_precision_override
-                                        : static_cast<int>(at::globalContext().float32MatmulPrecision())));
+    if (reads_precision_) {  // a hashtable lookup: only for ops whose lowerings read it
+      call.precision_in_key = true;
+      append(key, static_cast<int8_t>(g_precision_override >= 0
+                                          ? g_precision_override
+                                          : static_cast<int>(at::globalContext().float32MatmulPrecision())));
+    }
     for (size_t i = 0; i < args.size(); ++i) {
       const c10::IValue& v = args[i];
       if (traced_[i] && (v.isInt() || v.isDouble() || v.isBool()) && !is_default(v, defaults_[i])) {
         key += v.isInt() ? "Ni" : v.isDouble() ? "Nf" : "Nb";
         call.inputs.emplace_back(nullptr, number(v));
+        call.numbers = true;
       } else if (!read_value(v, call)) {
         return false;
       }
     }
+    append(key, static_cast<int8_t>(call.device));  // a direct call does not move inputs
     return call.device >= 0;  // neither a tpu tensor nor device=tpu: not a call of ours
   }
 
@@ -377,6 +463,7 @@ class OpState {
       if (!numbers || !t.unsafeGetTensorImpl()->is_wrapped_number()) {
         return false;
       }
+      call.numbers = true;
       switch (t.scalar_type()) {
         case at::ScalarType::Bool:
           key += "wb";
@@ -464,7 +551,9 @@ class OpState {
     if (!arrays(call, inputs)) {
       return false;
     }
-    PyObject* out = PyObject_CallFunctionObjArgs(entry.run.ptr(), inputs.ptr(), Py_None, nullptr);
+    PyObject* out = direct_call_allowed(entry, call) ? call_direct(entry, inputs)
+                                                      : PyObject_CallFunctionObjArgs(entry.run.ptr(), inputs.ptr(),
+                                                                                     Py_None, nullptr);
     if (out == nullptr) {
       PyErr_Clear();  // the Python kernel runs it again and raises its error (out of memory, ...)
       return false;
@@ -563,17 +652,40 @@ class OpState {
     return true;
   }
 
-  // The op's Python kernel, called as torch.library calls a Python kernel; on a miss (`key`
-  // set) it may offer its executable for the key.
-  void call_python(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string* key) {
+  // The executable's results for `call`, run without jax's call layer; null with a Python error
+  // set if it fails.
+  static PyObject* call_direct(const Entry& entry, const py::list& inputs) {
+    PyObject* results = PyObject_CallOneArg(entry.execute.ptr(), inputs.ptr());
+    if (results == nullptr) {
+      return nullptr;
+    }
+    static PyObject* consume = PyUnicode_InternFromString("consume_with_handlers");
+    PyObject* out = PyObject_CallMethodOneArg(results, consume, entry.handlers.ptr());
+    Py_DECREF(results);
+    return out;
+  }
+
+  // Whether `call` may skip jax's call layer: its inputs are all arrays (jax turns numbers into
+  // arrays) and jax's nan/inf checks (jax_debug_nans, jax_debug_infs) are off.
+  static bool direct_call_allowed(const Entry& entry, const Call& call) {
+    if (!entry.execute || call.numbers) {
+      return false;
+    }
+    const JaxChecks& checks = g_jax_checks;
+    return checks.get != nullptr && !checks.on(checks.nans) && !checks.on(checks.infs);
+  }
+
+  // The op's Python kernel, called as torch.library calls a Python kernel; on a miss (`missed`
+  // set) it may offer its executable for the call's key.
+  void call_python(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Call* missed) {
     std::vector<c10::IValue> arguments = torch::jit::pop(*stack, num_args_);
     auto [args, kwargs] = python_arguments(op.schema(), arguments);
-    Frame frame{this, &arguments, nullptr};
-    if (key != nullptr) {
+    Frame frame{this, &arguments, missed != nullptr && missed->precision_in_key, nullptr};
+    if (missed != nullptr) {
       g_frames.push_back(&frame);
     }
     PyObject* out = PyObject_Call(python_kernel_, args.ptr(), kwargs.ptr());
-    if (key != nullptr) {
+    if (missed != nullptr) {
       g_frames.pop_back();
     }
     if (out == nullptr) {
@@ -583,7 +695,7 @@ class OpState {
       if (g_entry_count >= g_entry_limit) {
         clear_all();
       }
-      g_entry_count += entries_.insert_or_assign(*key, std::move(frame.offered)).second ? 1 : 0;
+      g_entry_count += entries_.insert_or_assign(missed->key, std::move(frame.offered)).second ? 1 : 0;
     }
     push_python_result(op.schema(), stack, py::reinterpret_steal<py::object>(out));
   }
@@ -599,6 +711,7 @@ class OpState {
   PyObject* python_kernel_;
   bool inplace_;
   PyObject* locks_;
+  bool reads_precision_ = false;  // the keys hold the matmul precision (see note_reads_precision)
   std::unordered_map<std::string, std::shared_ptr<const Entry>> entries_;
 };
 
@@ -636,6 +749,9 @@ void register_eager_kernel(const std::string& label, const std::string& name, co
                            const py::object& kernel, const std::vector<int64_t>& traced, bool inplace,
                            const py::object& locks) {
   const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  if (g_jax_checks.get == nullptr) {
+    g_jax_checks = JaxChecks::find();
+  }
   auto* state = new OpState(label, handle.schema(), kernel.ptr(), traced, inplace, locks.ptr());
   all_ops().push_back(state);
   const std::string short_name = name.substr(name.find("::") + 2);
@@ -677,16 +793,27 @@ Frame* frame_of(const std::string& label, const py::list& bound) {
 }
 
 // Called by the Python kernel after a miss ran: `run` is the executable for the innermost
-// frame's call (see frame_of). True if taken.
+// frame's call (see frame_of); `direct` (execute, handlers) runs it without jax's call layer,
+// or is None; `reads_precision`: its trace read the matmul precision (a key without it is
+// refused, and the op's keys hold it from then on). True if taken.
 bool offer_eager_entry(const std::string& label, const py::list& bound, const py::object& run,
+                       const std::optional<std::pair<py::object, py::object>>& direct, bool reads_precision,
                        const std::vector<OutputSpec>& fresh,
                        const std::optional<std::pair<at::ScalarType, int64_t>>& self_spec, size_t limit) {
   Frame* frame = frame_of(label, bound);
   if (frame == nullptr || frame->op->inplace() != self_spec.has_value()) {
     return false;
   }
+  if (reads_precision && !frame->precision_in_key) {
+    frame->op->note_reads_precision();
+    return false;
+  }
   auto entry = std::make_shared<Entry>();
   entry->run = run;
+  if (direct.has_value()) {
+    entry->execute = direct->first;
+    entry->handlers = direct->second;
+  }
   for (const auto& [sizes, strides, dtype] : fresh) {
     entry->fresh.push_back(Output{sizes, strides.value_or(std::vector<int64_t>{}), dtype});
   }
@@ -719,7 +846,7 @@ void init_eager_kernels(py::module_& m) {
   m.def("_register_eager_kernel", &register_eager_kernel, py::arg("label"), py::arg("name"), py::arg("overload"),
         py::arg("kernel"), py::arg("traced"), py::arg("inplace"), py::arg("locks"));
   m.def("_offer_eager_entry", &offer_eager_entry, py::arg("label"), py::arg("bound"), py::arg("run"),
-        py::arg("fresh"), py::arg("self_spec"), py::arg("limit"));
+        py::arg("direct"), py::arg("reads_precision"), py::arg("fresh"), py::arg("self_spec"), py::arg("limit"));
   m.def("_offer_host_entry", &offer_host_entry, py::arg("label"), py::arg("bound"), py::arg("job"), py::arg("limit"));
   m.def("_set_eager_fast_path", [](bool on) { g_enabled = on; }, py::arg("on"));
   m.def("_set_matmul_precision_override", [](std::optional<int> level) { g_precision_override = level.value_or(-1); },

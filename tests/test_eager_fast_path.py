@@ -175,3 +175,43 @@ def test_entries_are_bounded_by_the_op_cache_size(monkeypatch):
         x = torch.arange(n, dtype=torch.float32).to("tpu")
         assert (x * 0.5).cpu().tolist() == (torch.arange(n, dtype=torch.float32) * 0.5).tolist()
     assert _C._eager_entry_count() <= 3
+
+
+def test_precision_change_keeps_the_hits_of_ops_that_do_not_read_it():
+    x = A.to("tpu")
+    for _ in range(2):
+        x * x
+    previous = torch.get_float32_matmul_precision()
+    compiles, hits = torch_tpu.metrics.counters()["op_compiles"], _native_hits()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        torch.testing.assert_close((x * x).cpu(), A * A)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert torch_tpu.metrics.counters()["op_compiles"] == compiles and _native_hits() == hits + 1
+
+
+def test_one_signature_on_two_devices_hits_on_both():
+    x0, x1 = A.to("tpu:0"), A.to("tpu:1")
+    for _ in range(2):
+        x0 + x0, x1 + x1
+    before = _native_hits()
+    for _ in range(2):
+        r0, r1 = x0 + x0, x1 + x1
+    assert _native_hits() == before + 4
+    assert r0.device == torch.device("tpu:0") and r1.device == torch.device("tpu:1")
+    torch.testing.assert_close(r1.cpu(), A + A)
+
+
+def test_jax_nan_checks_apply_to_hits():
+    jax = pytest.importorskip("jax")
+    x = torch.zeros(3).to("tpu")
+    for _ in range(2):
+        x / x
+    jax.config.update("jax_debug_nans", True)
+    try:
+        with pytest.raises(Exception, match="nan"):  # as jax raises it
+            x / x
+    finally:
+        jax.config.update("jax_debug_nans", False)
+    assert torch.isnan(x / x).all()

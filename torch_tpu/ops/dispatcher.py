@@ -197,6 +197,7 @@ class _Entry:
         "mutable_shapes",
         "mutable_specs",
         "out_tree",
+        "reads_precision",
         "run",
         "traceable",
     )
@@ -205,7 +206,7 @@ class _Entry:
         self.run = run
         self.traceable = None  # the jitted lowering (lazy mode traces it); None for a loaded executable
         self.compiled = False  # run has been called (jax compiled it); lazy mode only traces it
-        self.fast = None  # what the C++ path needs (fresh output specs, self's spec), or False
+        self.fast = None  # what the C++ path needs (direct call, fresh output specs, self's spec), or False
         self.job = None  # its background compile (runtime/background_compile.py); False: compiles at its call
         self.lazy_avals = None  # the flat results' shapes, for lazy mode
         self.fresh_meta = fresh_meta
@@ -213,6 +214,7 @@ class _Entry:
         self.mutable_shapes = mutable_shapes  # meta shapes of mutable args after the op
         self.out_tree = None
         self.mutable_specs = None  # (dtype, length) of each new mutable-arg buffer, set when traced
+        self.reads_precision = True  # the trace read the matmul precision (set when traced)
 
 
 def _meta_leaf(m) -> bool:
@@ -311,7 +313,9 @@ def _build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device
         values = [_substitute(v, materialize) for v in template]
         # Sharded (N-D) buffers in, N-D buffers out: a flat output would drop a per-dim sharding.
         keep_shape = any(inputs[slot.index].ndim != 1 for slot in tensor_slots)
+        reads = precision.reads()
         result = call_lowering(fn, plan, values, rng)
+        entry.reads_precision = precision.reads() != reads
         if plan.derived:
             # A list-returning functional op (_foreach_*) gives ([values],): flatten it.
             fresh, mutated = [], flatten_values(result)
@@ -358,14 +362,14 @@ def _entry_state(entry: _Entry) -> tuple:
     fresh = jax.tree_util.tree_map(
         lambda m: (tuple(m.shape), m.dtype, tuple(m.stride())), entry.fresh_meta, is_leaf=_meta_leaf
     )
-    return fresh, entry.mutable_shapes, entry.mutable_specs, entry.out_tree, entry.fresh_layout
+    return fresh, entry.mutable_shapes, entry.mutable_specs, entry.out_tree, entry.fresh_layout, entry.reads_precision
 
 
 def _load_entry(persist: str | None) -> _Entry | None:
     found = executable_cache.load(persist)
     if found is None:
         return None
-    compiled, (fresh, mutable_shapes, mutable_specs, out_tree, fresh_layout) = found
+    compiled, (fresh, mutable_shapes, mutable_specs, out_tree, fresh_layout, reads_precision) = found
     fresh_meta = jax.tree_util.tree_map(
         lambda s: torch.empty_strided(s[0], s[2], dtype=s[1], device="meta"),
         fresh,
@@ -373,6 +377,7 @@ def _load_entry(persist: str | None) -> _Entry | None:
     )
     entry = _Entry(compiled, fresh_meta, mutable_shapes)
     entry.mutable_specs, entry.out_tree, entry.fresh_layout = mutable_specs, out_tree, fresh_layout
+    entry.reads_precision = reads_precision
     return entry
 
 
@@ -606,9 +611,8 @@ def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Ca
     if job.error is not None:
         return "now"
     if job.remote:  # compiled in the compile worker process: what its trace found comes with it
-        entry.run, (_, _, entry.mutable_specs, entry.out_tree, entry.fresh_layout) = executable_cache.from_bytes(
-            job.result
-        )
+        entry.run, state = executable_cache.from_bytes(job.result)
+        _, _, entry.mutable_specs, entry.out_tree, entry.fresh_layout, entry.reads_precision = state
     else:
         entry.run = job.result
     return "ready"
@@ -721,6 +725,7 @@ def _offer(plan: OpPlan, bound: list, entry: _Entry) -> None:
     if run is None:
         return
     if entry.fast is None:
+        direct = executable_cache.direct_call(entry.run)
         fresh = []
         for m, strides in zip(entry.fresh_meta, entry.fresh_layout):
             if not isinstance(m, torch.Tensor):  # a list or None result: the Python path
@@ -731,9 +736,11 @@ def _offer(plan: OpPlan, bound: list, entry: _Entry) -> None:
         if entry.out_tree.num_leaves != len(fresh) + len(specs) or len(specs) > 1:
             entry.fast = False
             return
-        entry.fast = (fresh, specs[0] if specs else None)
-    fresh, self_spec = entry.fast
-    _C._offer_eager_entry(plan.label, bound, run, fresh, self_spec, executable_cache.op_cache_size())
+        entry.fast = (direct, fresh, specs[0] if specs else None)
+    direct, fresh, self_spec = entry.fast
+    _C._offer_eager_entry(
+        plan.label, bound, run, direct, entry.reads_precision, fresh, self_spec, executable_cache.op_cache_size()
+    )
 
 
 def _storage_locked(plan: OpPlan, fn: Callable) -> Callable:

@@ -27,6 +27,13 @@ _LEVELS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium
 _ENUM = {"highest": 0, "high": 1, "medium": 2}
 
 _override = threading.local()
+_reads = threading.local()
+
+
+def reads() -> int:
+    """How many times this thread's traces have read the precision (`matmul()`): an op whose
+    trace did not read it runs the same program at every precision."""
+    return getattr(_reads, "count", 0)
 
 
 def level() -> str:
@@ -54,7 +61,9 @@ def cache_key() -> str:
 
 
 def matmul(*operands) -> lax.Precision:
-    """The precision of a matrix product of `operands`: the level in force if all are float32."""
+    """The precision of a matrix product of `operands`: the level in force if all are float32.
+    Lowerings read the setting through this (counted: `reads()`)."""
+    _reads.count = getattr(_reads, "count", 0) + 1
     if operands and all(jnp.dtype(x.dtype) == jnp.float32 for x in operands):
         return _LEVELS[level()]
     return lax.Precision.HIGHEST

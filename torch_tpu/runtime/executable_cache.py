@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax._src.array import ArrayImpl
+from jax._src.interpreters import pxla
 from jax.experimental import serialize_executable
 
 from torch_tpu import debug, metrics
@@ -203,6 +204,26 @@ def load(key: str | None) -> tuple[Any, Any] | None:
         return None
     metrics.bump("persistent_cache_hits")
     return found
+
+
+def direct_call(compiled) -> tuple[Callable, list] | None:
+    """(execute, handlers) running `compiled` (a jax Compiled) without jax's call layer:
+    `execute(arrays)` runs it on arrays already on its device, `.consume_with_handlers(handlers)`
+    gives its flat outputs. None where jax's call does more (effects, host callbacks, mutable
+    arrays, constants passed as arguments, inputs it pruned) or for an executable of another kind.
+    """
+    try:
+        params = compiled._params
+        call = compiled._executable.unsafe_call
+        if not isinstance(call, pxla.ExecuteReplicated) or params.is_high or params.const_args:
+            return None
+        if call.ordered_effects or call.has_unordered_effects or call.has_host_callbacks or call.mut:
+            return None
+        if call.pgle_profiler is not None or call.kept_var_idx != set(range(params.in_tree.num_leaves)):
+            return None
+        return call.xla_executable.execute_sharded, list(call.out_handler.handlers)
+    except AttributeError:  # another jax's internals: its own call only
+        return None
 
 
 def op_compile_options() -> dict[str, Any] | None:
