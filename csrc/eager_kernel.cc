@@ -625,6 +625,7 @@ class OpState {
           host.push_back(v);
         }
       }
+      const HostThreads threads;
       op.callBoxed(host);
     } catch (const std::exception&) {
       PyErr_Clear();

@@ -1,6 +1,7 @@
 // The host tier's tensor moves (see host_tier.h).
 #include "csrc/host_tier.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
@@ -32,6 +33,18 @@ at::Tensor host_view(const at::Tensor& t, bool writable) {
   }
   const int64_t offset = t.storage_offset() + static_cast<int64_t>(view.offset / t.element_size());
   return flat.as_strided(t.sizes(), t.strides(), offset);
+}
+
+HostThreads::HostThreads() : saved_(at::get_num_threads()) {
+  if (saved_ > 1) {
+    at::set_num_threads(saved_ - 1);
+  }
+}
+
+HostThreads::~HostThreads() {
+  if (saved_ > 1) {
+    at::set_num_threads(saved_);
+  }
 }
 
 at::Tensor wrap_host(const at::Tensor& value, int device) {

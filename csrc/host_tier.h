@@ -21,6 +21,21 @@ at::Tensor host_view(const at::Tensor& t, bool writable);
 // storage becomes the buffer's value). Caller holds the GIL.
 at::Tensor wrap_host(const at::Tensor& value, int device);
 
+// While alive, the calling thread's CPU kernels use one intra-op thread fewer (at least one):
+// a host-tier op runs while a compile keeps a core busy, and a parallel region would wait on
+// the thread that shares that core (a CPU attention call took 20x its time). Per calling
+// thread under OpenMP; restored on destruction.
+class HostThreads {
+ public:
+  HostThreads();
+  ~HostThreads();
+  HostThreads(const HostThreads&) = delete;
+  HostThreads& operator=(const HostThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
 // Adds _host_readable, _host_view, _wrap_host and _set_host_hooks.
 void init_host_tier(pybind11::module_& m);
 

@@ -268,7 +268,7 @@ def attention_on_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=sm_scale)
-    return out.contiguous(), lse  # laid out as the lowering's (CPU's kernel may give a transposed layout)
+    return out.contiguous(), lse.contiguous()  # laid out as the lowering's (CPU's kernel may transpose them)
 
 
 def define_attention_ops(name: str, forward, backward) -> tuple:
