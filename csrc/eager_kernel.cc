@@ -283,16 +283,18 @@ class HeldLock {
 class OpState {
  public:
   OpState(std::string name, const c10::FunctionSchema& schema, PyObject* python_kernel,
-          const std::vector<int64_t>& traced, bool inplace, PyObject* locks)
+          const std::vector<int64_t>& traced, bool inplace, PyObject* locks, PyObject* check)
       : name_(std::move(name)),
         num_args_(schema.arguments().size()),
         traced_(num_args_, false),
         defaults_(num_args_),
         python_kernel_(python_kernel),
         inplace_(inplace),
-        locks_(locks) {
+        locks_(locks),
+        check_(check) {
     Py_INCREF(python_kernel_);  // never released: the dispatcher outlives the interpreter
     Py_INCREF(locks_);
+    Py_XINCREF(check_);
     for (int64_t i : traced) {
       traced_.at(i) = true;
       defaults_[i] = schema.arguments()[i].default_value();
@@ -324,6 +326,10 @@ class OpState {
       fast = read(args, call);
       if (fast && locked) {
         auto it = entries_.find(call.key);
+        if (it != entries_.end() && !passes_check(op, args)) {  // it gave other arguments
+          call_python(op, stack, nullptr);
+          return;
+        }
         if (it != entries_.end()) {
           std::shared_ptr<const Entry> entry = it->second;  // the table may change while it runs
           if (entry->job) {
@@ -585,6 +591,22 @@ class OpState {
     return true;
   }
 
+  // Runs the op's host check, if it has one, on the call's arguments as the Python kernel
+  // would: throws its error; false if it returned other arguments for the kernel.
+  bool passes_check(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) const {
+    if (check_ == nullptr) {
+      return true;
+    }
+    auto [pos, kw] = python_arguments(op.schema(), std::vector<c10::IValue>(args.begin(), args.end()));
+    PyObject* result = PyObject_Call(check_, pos.ptr(), kw.ptr());
+    if (result == nullptr) {
+      throw python_error();
+    }
+    const bool same = result == Py_None;
+    Py_DECREF(result);
+    return same;
+  }
+
   // Whether a background compile `job` finished; a call waiting for it counts towards its
   // rank (runtime/background_compile.py).
   static bool compiled(const py::object& job) {
@@ -712,6 +734,7 @@ class OpState {
   PyObject* python_kernel_;
   bool inplace_;
   PyObject* locks_;
+  PyObject* check_;  // the host check run before each call taken here, or null
   bool reads_precision_ = false;  // the keys hold the matmul precision (see note_reads_precision)
   std::unordered_map<std::string, std::shared_ptr<const Entry>> entries_;
 };
@@ -745,15 +768,17 @@ torch::Library& library() {
 
 // `kernel` (the Python kernel of aten op `name`.`overload`) behind the fast path. `traced`: the
 // Scalar arguments the Python kernel traces; `inplace`: the op writes self and returns it
-// (else it returns fresh tensors); `locks`: storage_locks' table.
+// (else it returns fresh tensors); `locks`: storage_locks' table; `check`: a host check whose
+// outcome depends on values (run on every call taken here), or None.
 void register_eager_kernel(const std::string& label, const std::string& name, const std::string& overload,
                            const py::object& kernel, const std::vector<int64_t>& traced, bool inplace,
-                           const py::object& locks) {
+                           const py::object& locks, const py::object& check) {
   const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
   if (g_jax_checks.get == nullptr) {
     g_jax_checks = JaxChecks::find();
   }
-  auto* state = new OpState(label, handle.schema(), kernel.ptr(), traced, inplace, locks.ptr());
+  auto* state = new OpState(label, handle.schema(), kernel.ptr(), traced, inplace, locks.ptr(),
+                            check.is_none() ? nullptr : check.ptr());
   all_ops().push_back(state);
   const std::string short_name = name.substr(name.find("::") + 2);
   const std::string impl_name = overload.empty() ? short_name : short_name + "." + overload;
@@ -845,7 +870,7 @@ bool offer_host_entry(const std::string& label, const py::list& bound, const py:
 
 void init_eager_kernels(py::module_& m) {
   m.def("_register_eager_kernel", &register_eager_kernel, py::arg("label"), py::arg("name"), py::arg("overload"),
-        py::arg("kernel"), py::arg("traced"), py::arg("inplace"), py::arg("locks"));
+        py::arg("kernel"), py::arg("traced"), py::arg("inplace"), py::arg("locks"), py::arg("check") = py::none());
   m.def("_offer_eager_entry", &offer_eager_entry, py::arg("label"), py::arg("bound"), py::arg("run"),
         py::arg("direct"), py::arg("reads_precision"), py::arg("fresh"), py::arg("self_spec"), py::arg("limit"));
   m.def("_offer_host_entry", &offer_host_entry, py::arg("label"), py::arg("bound"), py::arg("job"), py::arg("limit"));

@@ -431,19 +431,23 @@ def register_kernel(lib: torch.library.Library, op: OpOverload, lowering: Loweri
     traced = [i for i, _ in plan.traced_scalars(lowering.traced)]
     schema = op._schema
     inplace = fast == "inplace"
+    check = None if isinstance(lowering.check, SignatureCheck) else lowering.check  # run per call
     _C._register_eager_kernel(
-        plan.label, schema.name, schema.overload_name, kernel, traced, inplace, storage_locks.table()
+        plan.label, schema.name, schema.overload_name, kernel, traced, inplace, storage_locks.table(), check
     )
 
 
 def _fast_path_form(plan: OpPlan, lowering: Lowering, key: str) -> str | None:
     """ "functional" (fresh tensors out) or "inplace" (writes self, returns it) for an op the C++
-    path can run on a hit: a jit lowering with no host check but a signature check, no
-    randomness, no growing-length path and no out= tensors. None for the others."""
+    path can run on a hit: a jit lowering with no randomness, no growing-length path and no out=
+    tensors. The C++ path runs a host check (other than a signature check) before each call;
+    in-place ops with such a check keep the Python path (it would run under self's lock). None
+    for the others."""
+    value_check = lowering.check is not None and not isinstance(lowering.check, SignatureCheck)
     if (
         key != "PrivateUse1"
         or lowering.eager
-        or (lowering.check is not None and not isinstance(lowering.check, SignatureCheck))
+        or (value_check and plan.mutable)
         or lowering.random
         or (lowering.growing is not None and not plan.derived)
         or plan.out_names
