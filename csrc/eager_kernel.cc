@@ -326,9 +326,12 @@ class OpState {
       fast = read(args, call);
       if (fast && locked) {
         auto it = entries_.find(call.key);
-        if (it != entries_.end() && !passes_check(op, args)) {  // it gave other arguments
-          call_python(op, stack, nullptr);
-          return;
+        if (it != entries_.end() && check_ != nullptr) {
+          if (!passes_check(op, args)) {  // it gave other arguments
+            call_python(op, stack, nullptr);
+            return;
+          }
+          it = entries_.find(call.key);  // the ops the check ran may have changed the table
         }
         if (it != entries_.end()) {
           std::shared_ptr<const Entry> entry = it->second;  // the table may change while it runs
@@ -591,12 +594,9 @@ class OpState {
     return true;
   }
 
-  // Runs the op's host check, if it has one, on the call's arguments as the Python kernel
-  // would: throws its error; false if it returned other arguments for the kernel.
+  // Runs the op's host check on the call's arguments as the Python kernel would: throws its
+  // error; false if it returned other arguments for the kernel.
   bool passes_check(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) const {
-    if (check_ == nullptr) {
-      return true;
-    }
     auto [pos, kw] = python_arguments(op.schema(), std::vector<c10::IValue>(args.begin(), args.end()));
     PyObject* result = PyObject_Call(check_, pos.ptr(), kw.ptr());
     if (result == nullptr) {

@@ -215,3 +215,23 @@ def test_jax_nan_checks_apply_to_hits():
     finally:
         jax.config.update("jax_debug_nans", False)
     assert torch.isnan(x / x).all()
+
+
+def test_value_checks_run_on_every_call_the_cpp_path_takes():
+    """Ops whose host check depends on values (pow's exponent, full's fill value, index_select's
+    indices) are C++ hits, and the check still raises CPU's error on a call that hits."""
+    x = torch.arange(4)
+    _repeat_on_hits(lambda t: t**2, x)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        x.to("tpu") ** -1  # the signature of ** 2: the exponent is traced
+    for value in (7, 8):
+        torch.full((3,), value, dtype=torch.uint8, device="tpu")
+    before = _native_hits()
+    full = torch.full((3,), 9, dtype=torch.uint8, device="tpu")
+    assert _native_hits() == before + 1
+    assert full.cpu().tolist() == [9, 9, 9]
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.full((3,), 300, dtype=torch.uint8, device="tpu")
+    _repeat_on_hits(lambda w, i: torch.index_select(w, 0, i), A, torch.tensor([0, 2]))
+    with pytest.raises(IndexError, match="index out of range"):
+        torch.index_select(A.to("tpu"), 0, torch.tensor([0, 9]).to("tpu"))
