@@ -61,28 +61,25 @@ class _Array:
         return jax.ShapeDtypeStruct(self.shape, self.dtype, sharding=sharding, weak_type=self.weak_type)
 
 
+def _map_leaves(tree, leaf):
+    """`tree` (lists, tuples, dicts) with each other value `v` replaced by `leaf(v)`."""
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map_leaves(v, leaf) for v in tree)
+    if isinstance(tree, dict):
+        return {k: _map_leaves(v, leaf) for k, v in tree.items()}
+    return leaf(tree)
+
+
 def portable(tree):
     """`tree` (lists, tuples, dicts) with each single-device jax.ShapeDtypeStruct made picklable."""
     import jax
 
-    if isinstance(tree, jax.ShapeDtypeStruct):
-        return _Array(tree)
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(portable(v) for v in tree)
-    if isinstance(tree, dict):
-        return {k: portable(v) for k, v in tree.items()}
-    return tree
+    return _map_leaves(tree, lambda v: _Array(v) if isinstance(v, jax.ShapeDtypeStruct) else v)
 
 
 def restored(tree):
     """`portable`'s inverse, in the worker."""
-    if isinstance(tree, _Array):
-        return tree.restore()
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(restored(v) for v in tree)
-    if isinstance(tree, dict):
-        return {k: restored(v) for k, v in tree.items()}
-    return tree
+    return _map_leaves(tree, lambda v: v.restore() if isinstance(v, _Array) else v)
 
 
 class WorkerError(RuntimeError):
