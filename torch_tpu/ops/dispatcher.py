@@ -431,25 +431,40 @@ def register_kernel(lib: torch.library.Library, op: OpOverload, lowering: Loweri
     traced = [i for i, _ in plan.traced_scalars(lowering.traced)]
     schema = op._schema
     inplace = fast == "inplace"
-    check = None if isinstance(lowering.check, SignatureCheck) else lowering.check  # run per call
+    check = _per_call_check(lowering, derived)
     _C._register_eager_kernel(
         plan.label, schema.name, schema.overload_name, kernel, traced, inplace, storage_locks.table(), check
     )
 
 
+def _per_call_check(lowering: Lowering, derived: bool) -> Callable | None:
+    """What the C++ path runs before each call it takes: the op's host check (not a signature
+    check), and its front path's choice, whose calls it hands to the Python kernel."""
+    value = None if isinstance(lowering.check, SignatureCheck) else lowering.check
+    front = None if derived else lowering.front
+    if front is None:
+        return value
+
+    def check(*args, **kwargs):
+        if front.takes(*args, **kwargs):
+            return True  # not None: the Python kernel takes the call
+        return None if value is None else value(*args, **kwargs)
+
+    return check
+
+
 def _fast_path_form(plan: OpPlan, lowering: Lowering, key: str) -> str | None:
     """ "functional" (fresh tensors out) or "inplace" (writes self, returns it) for an op the C++
-    path can run on a hit: a jit lowering with no randomness, no growing-length path and no out=
-    tensors. The C++ path runs a host check (other than a signature check) before each call;
-    in-place ops with such a check keep the Python path (it would run under self's lock). None
-    for the others."""
+    path can run on a hit: a jit lowering with no randomness and no out= tensors. The C++ path
+    runs a host check (other than a signature check) and asks a front path before each call;
+    in-place ops with either keep the Python path (it would run under self's lock). None for
+    the others."""
     value_check = lowering.check is not None and not isinstance(lowering.check, SignatureCheck)
     if (
         key != "PrivateUse1"
         or lowering.eager
-        or (value_check and plan.mutable)
+        or ((value_check or (lowering.front is not None and not plan.derived)) and plan.mutable)
         or lowering.random
-        or (lowering.growing is not None and not plan.derived)
         or plan.out_names
         or plan.generator_index is not None
     ):
@@ -475,7 +490,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
         fn = lowering.fn if check is None else _checked(lowering.fn, check)
         return _storage_locked(plan, fn) if plan.mutable else fn
     name = f"{op} {lowering.fn.__module__}.{lowering.fn.__qualname__}"  # the persistent key's op part
-    bucketed = None if derived else lowering.growing
+    front = None if derived else lowering.front
     # Pointwise ops run over a bucketed tensor's whole padded buffer (ops/growing.py): not those
     # with host checks, which would see the padding, nor out= forms.
     inplace = plan.mutable == [0] and plan.returns == [("arg", 0)]
@@ -488,8 +503,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
     )
 
     def kernel(*args, **kwargs):
-        if bucketed is not None:
-            result = bucketed(*args, **kwargs)
+        if front is not None:
+            result = front.run(*args, **kwargs)
             if result is not None:
                 return result
         if pointwise and growing.is_bucketed_call(args, kwargs):

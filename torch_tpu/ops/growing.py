@@ -32,7 +32,7 @@ from jax import lax
 
 from torch_tpu import _C, metrics
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import host_tier, spmd, tensors
+from torch_tpu.ops import host_tier, registry, spmd, tensors
 from torch_tpu.runtime import executable_cache
 
 MIN_BUCKET = 16
@@ -122,8 +122,9 @@ def _append(a_flat, b_buf, a_len, outer, inner, a_padded, b_geom, out_padded):
     return _tail_padded(x, a_len + b.shape[1])
 
 
-def cat(tensors_, dim=0) -> torch.Tensor | None:
-    """`torch.cat([a, b], dim)` as a bucketed append, or None when the call is not one."""
+def _append_plan(tensors_, dim) -> tuple | None:
+    """(a, b, dim, statics) of `torch.cat([a, b], dim)` when the call is a bucketed append, else None.
+    Decided by what the call's signature holds: its tensors' shapes, dtypes and buffers."""
     if len(tensors_) != 2 or not active():
         return None
     a, b = tensors_
@@ -144,16 +145,31 @@ def cat(tensors_, dim=0) -> torch.Tensor | None:
         return None
     outer, inner = _split(tuple(a.shape), dim)
     a_padded = a_size // (outer * inner)
-    out_len = a_len + b_len
-    out_padded = bucket(out_len)
+    out_padded = bucket(a_len + b_len)
     if a_size != outer * a_padded * inner or a_padded > out_padded:
         return None
     if outer * out_padded * inner * a.element_size() > MAX_BYTES:
         return None
+    return a, b, dim, (outer, inner, a_padded, tensors.known_geometry(b), out_padded)
+
+
+def is_append(tensors_, dim=0) -> bool:
+    """Whether `torch.cat(tensors_, dim)` runs as a bucketed append."""
+    return _append_plan(tensors_, dim) is not None
+
+
+def cat(tensors_, dim=0) -> torch.Tensor | None:
+    """`torch.cat([a, b], dim)` as a bucketed append, or None when the call is not one."""
+    plan = _append_plan(tensors_, dim)
+    if plan is None:
+        return None
+    a, b, dim, statics = plan
+    outer, inner, _, _, out_padded = statics
     device = a.device.index
-    a_geom, b_geom = tensors.known_geometry(a), tensors.known_geometry(b)
-    statics = (outer, inner, a_padded, b_geom, out_padded)
+    a_len = a.shape[dim]
+    out_len = a_len + b.shape[dim]
     if host_tier.available():
+        a_geom, b_geom = tensors.known_geometry(a), statics[3]
         abstract = (tensors.abstract_buffer(a_geom, device), tensors.abstract_buffer(b_geom, device))
         if not _append.ready(*abstract, a_len, *statics):  # compiling: this append runs on the host
             return _append_on_host(a, b, dim, outer * out_padded * inner)
@@ -164,6 +180,9 @@ def cat(tensors_, dim=0) -> torch.Tensor | None:
     out = _C._wrap(flat, sizes, a.dtype, device)
     _C._set_buffer(out, flat, a.dtype, flat.size)  # the buffer is longer than the storage
     return out
+
+
+APPEND = registry.FrontPath(is_append, cat)
 
 
 def _append_on_host(a: torch.Tensor, b: torch.Tensor, dim: int, capacity: int) -> torch.Tensor:

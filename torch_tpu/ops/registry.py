@@ -36,6 +36,17 @@ class Check:
     graph: Callable | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class FrontPath:
+    """A path in front of a jit lowering that some of the op's calls take instead (a growing-length
+    append, a transfer between devices). `run(*args, **kwargs)` runs a call it takes and returns
+    None for the others; `takes(*args, **kwargs)` says which it takes, from what the call's
+    signature holds (the C++ eager path asks it on each hit)."""
+
+    takes: Callable[..., bool]
+    run: Callable
+
+
 class SignatureCheck:
     """A host check whose outcome the call's signature decides (shapes, dtypes and the types of
     numbers, not their values): the C++ eager path runs it once per signature, on the miss."""
@@ -80,10 +91,9 @@ class Lowering:
     # instead of keying the executable on their value: one compile for every value. The lowering
     # must then not branch on them in Python (a schema-default value still comes as a Python number).
     traced: tuple[str, ...] = ()
-    # Tried first by the eager kernel, on the op's own arguments: runs a growing-length call (an
-    # append to a KV cache) with one executable per length bucket and returns its result, or
-    # None for the exact-shape path (ops/growing.py). Not used by derived variants or graphs.
-    growing: Callable | None = None
+    # Calls the eager kernel hands to another path before the jit lowering: a growing-length
+    # append (ops/growing.py), a transfer between devices. Not used by derived variants or graphs.
+    front: FrontPath | None = None
     # Whether the host tier may run the op's CPU kernel while its executable compiles
     # (ops/host_tier.py); False where the lowering's results differ from CPU's on purpose.
     host_tier: bool = True
@@ -109,7 +119,7 @@ def lower(
     dispatch_key: str = PRIVATEUSE1,
     layout: Callable | None = None,
     traced: tuple[str, ...] = (),
-    growing: Callable | None = None,
+    front: FrontPath | None = None,
     host_tier: bool = True,
 ) -> Callable:
     """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
@@ -121,8 +131,8 @@ def lower(
         raise ValueError(f"a {dispatch_key} kernel runs in Python: eager=True")
     if traced and eager:
         raise ValueError("traced= names Scalar arguments of a jit lowering")
-    if growing is not None and eager:
-        raise ValueError("growing= is a bucketed path in front of a jit lowering")
+    if front is not None and eager:
+        raise ValueError("front= is a path in front of a jit lowering")
     properties = dict(
         eager=eager,
         random=random,
@@ -133,7 +143,7 @@ def lower(
         dispatch_key=dispatch_key,
         layout=layout,
         traced=tuple(traced),
-        growing=growing,
+        front=front,
         host_tier=host_tier,
     )
 

@@ -9,10 +9,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from torch_tpu.ops import dispatcher
 from torch_tpu.ops.dtypes import jax_dtype, to_numpy_dtype
 from torch_tpu.ops.promotion import cast
-from torch_tpu.ops.registry import Lowering, aten, lower
+from torch_tpu.ops.registry import FrontPath, aten, lower
 
 
 def _filled(shape, value, dtype) -> jnp.ndarray:
@@ -226,30 +225,33 @@ def clone(self, *, memory_format=None):
     return self
 
 
-def _cast(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    """The tpu -> tpu body of _to_copy (jit): a dtype conversion."""
-    if dtype is None:
-        return self
-    return cast(self, to_numpy_dtype(dtype))
-
-
-_cast_kernel = dispatcher.make_kernel(aten._to_copy.default, Lowering(_cast), derived=False)
-
-
-@lower(aten._to_copy.default, eager=True, graph=_cast)
-def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+def _is_transfer(self, *, dtype=None, device=None, **_):
+    """Whether a _to_copy call is more than a cast on its tensor's device: a transfer, or complex."""
     target = self.device if device is None else torch.device(device)
     same_device = self.device.type == "tpu" and target.type == "tpu" and target.index in (None, self.device.index)
-    if same_device and not self.is_complex() and (dtype is None or not dtype.is_complex):
-        return _cast_kernel(self, dtype=dtype, memory_format=memory_format)
+    return not (same_device and not self.is_complex() and (dtype is None or not dtype.is_complex))
+
+
+def _transfer(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """A _to_copy that `_is_transfer` takes, through copy_ into a new tensor; None for the others."""
+    if not _is_transfer(self, dtype=dtype, device=device):
+        return None
     out = torch.empty_like(
         self,
         dtype=dtype,
-        device=target,
+        device=self.device if device is None else torch.device(device),
         pin_memory=bool(pin_memory),
         memory_format=memory_format or torch.preserve_format,
     )
     return out.copy_(self, non_blocking)
+
+
+@lower(aten._to_copy.default, front=FrontPath(_is_transfer, _transfer))
+def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """A dtype conversion on the tensor's own device (transfers take the front path)."""
+    if dtype is None:
+        return self
+    return cast(self, to_numpy_dtype(dtype))
 
 
 @lower(torch.ops.prims.convert_element_type.default, graph_only=True)

@@ -29,7 +29,7 @@ def _promoted(arrays) -> jnp.dtype:
     return jnp.dtype(to_numpy_dtype(dtype))
 
 
-@lower(aten.cat.default, growing=growing.cat)
+@lower(aten.cat.default, front=growing.APPEND)
 def cat(tensors, dim=0):
     dtype = _promoted(tensors)
     # Legacy rule: 1-d empty tensors are skipped whatever the other shapes.
