@@ -192,6 +192,7 @@ class Segment:
         self.inputs = inputs
         self.outputs = outputs  # nodes whose values are needed after the segment
         self.mutations = [(n.args[0], n) for n in nodes if lowered[n].kind == "copy_"]
+        self.mutated_positions = [inputs.index(placeholder) for placeholder, _ in self.mutations]
         self.has_random = any(lowered[n].random_index is not None for n in nodes)
         self.has_checks = any(lowered[n].check is not None for n in nodes)
         self.executables: dict[tuple, _Executable] = {}
@@ -203,12 +204,13 @@ class Segment:
 
     def run(self, values: list, rng_data) -> list:
         if not self.mutations:
-            return self._run(values, rng_data)
-        targets = [values[self.inputs.index(placeholder)] for placeholder, _ in self.mutations]
+            return self._run(values, rng_data, [])
+        targets = [values[i] for i in self.mutated_positions]
         with storage_locks.held(targets):  # the mutated inputs' read, run and swap: atomic
-            return self._run(values, rng_data)
+            return self._run(values, rng_data, targets)
 
-    def _run(self, values: list, rng_data) -> list:
+    def _run(self, values: list, rng_data, targets: list) -> list:
+        """Runs the graph; `targets`: the inputs it mutates, in `self.mutations`' order."""
         dyn: list = []
         sig: list = []
         device = None
@@ -261,8 +263,7 @@ class Segment:
         if exe.donated:
             info = buf = None  # the loop's last buffer would count as another holder
             released = False
-            for placeholder, _ in self.mutations:  # a cached host view holds the array too
-                target = values[self.inputs.index(placeholder)]
+            for target in targets:  # a cached host view holds the array too
                 released |= target.device.type == "tpu" and _C._release_host_view(target)
             if released:
                 _jax.collect_garbage()  # where jax drops the views' references
@@ -272,8 +273,7 @@ class Segment:
         if exe.checks:
             _raise_failure(exe.checks, flat)
         outs = [_rebuild(t, flat, device) for t in exe.out_templates]
-        for (placeholder, _), spec in zip(self.mutations, exe.mutation_specs):
-            target = values[self.inputs.index(placeholder)]
+        for target, spec in zip(targets, exe.mutation_specs):
             new = flat[spec[0]]
             if target.device.type == "tpu":
                 _C._set_buffer(target, new, NUMPY_TO_TORCH[np.dtype(new.dtype)], new.size)
