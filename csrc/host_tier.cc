@@ -62,7 +62,28 @@ at::Tensor wrap_host(const at::Tensor& value, int device) {
   return t;
 }
 
+namespace {
+
+// HostThreads as a Python context manager, for the host-tier calls Python makes.
+class HostThreadsScope {
+ public:
+  void enter() { threads_.emplace(); }
+  void exit() { threads_.reset(); }
+
+ private:
+  std::optional<HostThreads> threads_;
+};
+
+}  // namespace
+
 void init_host_tier(py::module_& m) {
+  py::class_<HostThreadsScope>(m, "_HostThreads")
+      .def(py::init<>())
+      .def("__enter__", [](HostThreadsScope& s) { s.enter(); })
+      .def("__exit__", [](HostThreadsScope& s, const py::args&) {
+        s.exit();
+        return false;
+      });
   m.def("_host_readable", &host_readable, py::arg("tensor"));
   m.def("_host_view", &host_view, py::arg("tensor"), py::arg("writable") = false);
   m.def("_wrap_host", &wrap_host, py::arg("value"), py::arg("device"));

@@ -20,7 +20,6 @@ tensors, outside lazy recording and SPMD placement, on the CPU client.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 
 import torch
@@ -83,7 +82,7 @@ def run(op, args: tuple, kwargs: dict, device: int, mutated: Iterable = ()):
     for writable_pass in (True, False):
         args = tuple(to_host(a, writable_pass) for a in args)
         kwargs = {k: to_host(v, writable_pass) for k, v in kwargs.items()}
-    with _one_thread_fewer():
+    with _C._HostThreads():  # one intra-op thread fewer: a compile keeps a core busy (host_tier.h)
         result = op(*args, **kwargs)  # (args keep the views, so their ids stay theirs)
     metrics.bump("host_tier_runs")
     storages = {_storage(v) for v in _leaves((args, kwargs))}
@@ -100,22 +99,6 @@ def run(op, args: tuple, kwargs: dict, device: int, mutated: Iterable = ()):
         return _C._wrap_host(value, device)
 
     return to_device(result)
-
-
-@contextlib.contextmanager
-def _one_thread_fewer():
-    """CPU kernels with one intra-op thread fewer while the host tier runs them: a compile keeps
-    a core busy, and a parallel region would wait on the thread sharing it (csrc/host_tier.h,
-    HostThreads)."""
-    threads = torch.get_num_threads()
-    if threads <= 1:
-        yield
-        return
-    torch.set_num_threads(threads - 1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _storage(t: torch.Tensor) -> int:
