@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("TORCH_TPU_PLATFORM", "cpu")
 # First calls compile before they run (no host tier), so compile counts are exact; the host
 # tier's own tests turn it on.
 os.environ.setdefault("TORCH_TPU_ASYNC_COMPILE", "0")
-# The persistent compile cache of this test session, not the user's.
-os.environ.setdefault("TORCH_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_test_cache_"))
+# The persistent compile cache of this test session, not the user's (removed at its end).
+os.environ.setdefault("TORCH_TPU_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torch_tpu_test_cache_{os.getpid()}"))
 
 import pytest
 import torch
 
 import torch_tpu
+
+
+def pytest_unconfigure(config):
+    own = os.path.join(tempfile.gettempdir(), f"torch_tpu_test_cache_{os.getpid()}")
+    if os.environ.get("TORCH_TPU_CACHE_DIR") == own:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture
