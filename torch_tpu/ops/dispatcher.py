@@ -343,17 +343,16 @@ def _build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device
         flat_out, entry.out_tree = jax.tree_util.tree_flatten((fresh_out, new_buffers))
         return flat_out
 
+    jit_kwargs = {}
     if factory_device is not None:
-        sharding = jax.sharding.SingleDeviceSharding(client.jax_device(factory_device))
-        entry.run = jax.jit(run, out_shardings=sharding)
-    else:
-        entry.run = jax.jit(run)
-    entry.traceable = entry.run
+        jit_kwargs["out_shardings"] = jax.sharding.SingleDeviceSharding(client.jax_device(factory_device))
     if spmd.layer is not None:  # jax.jit retraces per buffer layout: flat, or N-D as mark_sharding left it
+        entry.run = entry.traceable = jax.jit(run, **jit_kwargs)
         return entry
+    entry.traceable = executable_cache.LazyJit(run, **jit_kwargs)
     # Compiled at the first call (then kept on disk, if persist, with what the trace set).
     options = executable_cache.op_compile_options()
-    entry.run = executable_cache.FirstCall(entry.run, persist, lambda: _entry_state(entry), entry, "run", options)
+    entry.run = executable_cache.FirstCall(entry.traceable, persist, lambda: _entry_state(entry), entry, "run", options)
     return entry
 
 

@@ -238,6 +238,28 @@ def op_compile_options() -> dict[str, Any] | None:
     return {"xla_cpu_parallel_codegen_split_count": 1, "xla_cpu_use_fusion_emitters": False}
 
 
+class LazyJit:
+    """`jax.jit(fn, **kwargs)`, made at its first use: making one costs about 100 µs, and an eager
+    op's entry whose executable compiles in the worker process never uses it."""
+
+    __slots__ = ("_fn", "_jitted", "_kwargs")
+
+    def __init__(self, fn: Callable, **kwargs):
+        self._fn, self._kwargs, self._jitted = fn, kwargs, None
+
+    @property
+    def jitted(self):
+        if self._jitted is None:
+            self._jitted = jax.jit(self._fn, **self._kwargs)
+        return self._jitted
+
+    def __call__(self, *args, **kwargs):
+        return self.jitted(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        return self.jitted.lower(*args, **kwargs)
+
+
 class FirstCall:
     """Stands in for an executable until its first call: lowers and compiles `jitted` for the
     call's arguments (with `options`, XLA compiler options), persists it with `meta()` (read
