@@ -21,7 +21,19 @@ bool host_readable(const at::Tensor& t) {
   }
   const BufferView view = view_of(t.storage());
   const DeviceBuffer& buffer = *view.buffer;
-  return view.offset % t.element_size() == 0 && (!buffer.written() || buffer.array_dtype() == t.scalar_type());
+  if (view.offset % t.element_size() != 0) {
+    return false;
+  }
+  if (!buffer.written() || buffer.array_dtype() == t.scalar_type()) {
+    return true;
+  }
+  // A buffer of another dtype (a complex tensor over a float buffer, after view_as_complex or
+  // view(dtype)): read through a dtype view of its bytes.
+  if (buffer.array_dtype() == c10::ScalarType::Undefined || buffer.array_numel() < 0) {
+    return false;
+  }
+  const int64_t nbytes = buffer.array_numel() * static_cast<int64_t>(c10::elementSize(buffer.array_dtype()));
+  return nbytes % static_cast<int64_t>(t.element_size()) == 0;
 }
 
 at::Tensor host_view(const at::Tensor& t, bool writable) {
@@ -30,6 +42,9 @@ at::Tensor host_view(const at::Tensor& t, bool writable) {
   at::Tensor flat = writable ? view.buffer->host_for_write(t.scalar_type()) : view.buffer->host();
   if (!flat.defined()) {  // never written: zeros, as every read of it gives
     flat = view.buffer->host_for_write(t.scalar_type());
+  }
+  if (flat.scalar_type() != t.scalar_type()) {
+    flat = flat.view(t.scalar_type());  // the same bytes (host_readable checked the length)
   }
   const int64_t offset = t.storage_offset() + static_cast<int64_t>(view.offset / t.element_size());
   return flat.as_strided(t.sizes(), t.strides(), offset);

@@ -80,6 +80,26 @@ def test_bfloat16():
     _host_then_compiled(lambda x: torch.nn.functional.gelu(x) + x.mean(), a)
 
 
+def test_tensors_over_a_buffer_of_another_dtype():
+    """A complex tensor over a float buffer (view_as_complex) and a float view of a complex one
+    (view_as_real) run on the host, reading and writing the buffer's bytes in their own dtype."""
+    n = next(_SHAPES)
+    pairs = torch.randn(n, 3, 2)
+    _host_then_compiled(lambda p: torch.atan(torch.view_as_complex(p)[1:]), pairs)
+    _host_then_compiled(lambda z: torch.view_as_real(z).sin(), torch.randn(n, 3, dtype=torch.complex64))
+
+    def scale_real(p):
+        torch.view_as_complex(p).mul_(2j)  # in place through the complex view: p changes
+        return p + 0
+
+    want = scale_real(pairs.clone())
+    got = pairs.to("tpu")
+    for _ in range(2):  # host tier, then the executable
+        torch.testing.assert_close(scale_real(got).cpu(), want)
+        assert background_compile.drain(timeout=300)
+        want = scale_real(want)
+
+
 def test_inplace_through_views_is_seen_by_every_alias():
     def step(base):
         view = base.view(-1)
