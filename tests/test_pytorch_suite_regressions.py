@@ -183,10 +183,18 @@ def _index_empty_dim(device: str) -> None:
     torch.empty(10, 0, device=device)[:, [0, 1]]
 
 
-@pytest.mark.parametrize("fn", [_put_too_many_values, _put_into_scalar, _index_empty_dim])
+def _put_mask_values_of_another_shape_and_dtype(device: str) -> None:
+    a = torch.arange(0, 4, device=device)
+    a[a > -1] = torch.tensor([1.0, 2.0, 3.0]).to(device)
+
+
+@pytest.mark.parametrize(
+    "fn", [_put_too_many_values, _put_into_scalar, _index_empty_dim, _put_mask_values_of_another_shape_and_dtype]
+)
 def test_indexing_errors_as_cpu(fn):
     # Was: jax's ValueError for values that do not broadcast to the indexing result (test_indexing
-    # test_setitem_expansion_error, test_index_put_accumulate_empty), another message for an empty dim.
+    # test_setitem_expansion_error, test_index_put_accumulate_empty), another message for an empty dim,
+    # the dtype error before the shape error (test_boolean_assignment_value_mismatch).
     assert _raised(fn, TPU) == _raised(fn, "cpu")
 
 

@@ -613,13 +613,9 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
         and masks[0].dtype in (torch.bool, torch.uint8)
         and masks[0].device == self.device
     )
-    if values.dtype != self.dtype and not masked_fill:
-        raise RuntimeError(
-            "Index put requires the source and destination dtypes match, got "
-            f"{type_name(self.dtype)} for the destination and {type_name(values.dtype)} for the source."
-        )
     if _is_mask_put(self, indices, values):
         # x[mask] = scalar: a select, no host sync.
+        _check_values_dtype(self, values, masked_fill)
         _meta_check(self, indices, values, accumulate)
         d, mask = next((d, i) for d, i in enumerate(indices) if i is not None)
         value = to_jax(values) if values.device.type == "tpu" else jnp.asarray(values.item())
@@ -627,8 +623,17 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
         write_jax(self, _mask_put(to_jax(self), to_jax(mask), value, d, accumulate))
         return self
     indices = _prepare_indices(self, indices)
-    _check_values_shape(self, indices, values)
+    _check_values_shape(self, indices, values)  # CPU checks the shape first
+    _check_values_dtype(self, values, masked_fill)
     return _index_put_kernel(self, indices, values, accumulate, unsafe)
+
+
+def _check_values_dtype(self: torch.Tensor, values: torch.Tensor, masked_fill: bool) -> None:
+    if values.dtype != self.dtype and not masked_fill:
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{type_name(self.dtype)} for the destination and {type_name(values.dtype)} for the source."
+        )
 
 
 @functools.lru_cache(maxsize=1024)
