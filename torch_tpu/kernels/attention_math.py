@@ -95,8 +95,12 @@ def bucketed_forward(query, key, value, causal: bool, sm_scale: float) -> tuple[
     kv_shape = (batch, heads, padded, head_dim)
     statics = (q_geom, kv_shape, causal, sm_scale)
     if host_tier.available():
-        q_abs, kv_abs = tensors.abstract_buffer(q_geom, device), tensors.abstract_buffer(k_geom, device)
-        if not _bucketed_forward.ready(q_abs, kv_abs, kv_abs, key_len, *statics):  # compiling: on the host
+
+        def arguments():
+            kv_abs = tensors.abstract_buffer(k_geom, device)
+            return tensors.abstract_buffer(q_geom, device), kv_abs, kv_abs, key_len, *statics
+
+        if not _bucketed_forward.ready_by((k_geom, statics, device), arguments):  # compiling: on the host
             return host_tier.run(forward_op, (query, key, value, causal, sm_scale), {}, device)
     growing.counted(("attention", q_geom, key.dtype, kv_shape, causal, sm_scale))
     bufs = (tensors.buffer_of(t) for t in (query, key, value))

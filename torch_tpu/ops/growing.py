@@ -170,8 +170,11 @@ def cat(tensors_, dim=0) -> torch.Tensor | None:
     out_len = a_len + b.shape[dim]
     if host_tier.available():
         a_geom, b_geom = tensors.known_geometry(a), statics[3]
-        abstract = (tensors.abstract_buffer(a_geom, device), tensors.abstract_buffer(b_geom, device))
-        if not _append.ready(*abstract, a_len, *statics):  # compiling: this append runs on the host
+
+        def arguments():
+            return tensors.abstract_buffer(a_geom, device), tensors.abstract_buffer(b_geom, device), a_len, *statics
+
+        if not _append.ready_by((a_geom, statics, device), arguments):  # compiling: the append runs on the host
             return _append_on_host(a, b, dim, outer * out_padded * inner)
     counted(("cat", a.dtype, *statics))
     flat = _append(tensors.buffer_of(a), tensors.buffer_of(b), a_len, *statics)

@@ -345,6 +345,7 @@ class Jit:
         )
         self._compiled: dict = {}
         self._pending: dict = {}  # signature -> its background compile (see ready)
+        self._ready_keys: set = set()  # see ready_by
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -381,6 +382,16 @@ class Jit:
         del self._pending[sig]
         if job.error is None:
             self._compiled[sig] = from_bytes(job.result)[0] if job.remote else job.result
+        return True
+
+    def ready_by(self, key, make_args: Callable[[], tuple]) -> bool:
+        """`ready(*make_args())`, remembered by `key` once True: `key` is hashable and decides the
+        executable's signature, and is cheaper to build than the arguments."""
+        if key in self._ready_keys:
+            return True
+        if not self.ready(*make_args()):
+            return False
+        self._ready_keys.add(key)
         return True
 
     def _importable(self) -> bool:
