@@ -345,7 +345,7 @@ class Jit:
         )
         self._compiled: dict = {}
         self._pending: dict = {}  # signature -> its background compile (see ready)
-        self._ready_keys: set = set()  # see ready_by
+        self._key_signatures: dict = {}  # see ready_by
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -363,7 +363,21 @@ class Jit:
         in memory, or loaded now from the persistent cache. If not, it starts compiling in the
         background (runtime/background_compile.py), and a later call says True once it is done
         (or failed: the call then compiles it and raises what it raises)."""
-        sig = self._signature(args, kwargs)[0]
+        return self._ready(self._signature(args, kwargs)[0], args, kwargs)
+
+    def ready_by(self, key, make_args: Callable[[], tuple]) -> bool:
+        """`ready(*make_args())`, where hashable `key` decides the executable's signature and is
+        cheaper to build than the arguments: later calls with that key skip building them."""
+        sig = self._key_signatures.get(key)
+        if sig is None:
+            args = make_args()
+            sig = self._key_signatures[key] = self._signature(args, {})[0]
+            return self._ready(sig, args, {})
+        return self._ready(sig, None, None)
+
+    def _ready(self, sig, args, kwargs) -> bool:
+        """`ready` for a call of signature `sig` (`args`, `kwargs`: its arguments, needed only the
+        first time a signature is asked about)."""
         if sig is None or sig in self._compiled:
             return True
         job = self._pending.get(sig)
@@ -371,6 +385,8 @@ class Jit:
             found = load(self._persist_key(sig))
             if found is not None:
                 self._compiled[sig] = found[0]
+                return True
+            if args is None:  # asked by key after its background compile failed: the call compiles it
                 return True
             request = ("jit", (self.fn.__module__, self.fn.__qualname__, args, kwargs)) if self._importable() else None
             self._pending[sig] = background_compile.submit(
@@ -382,16 +398,6 @@ class Jit:
         del self._pending[sig]
         if job.error is None:
             self._compiled[sig] = from_bytes(job.result)[0] if job.remote else job.result
-        return True
-
-    def ready_by(self, key, make_args: Callable[[], tuple]) -> bool:
-        """`ready(*make_args())`, remembered by `key` once True: `key` is hashable and decides the
-        executable's signature, and is cheaper to build than the arguments."""
-        if key in self._ready_keys:
-            return True
-        if not self.ready(*make_args()):
-            return False
-        self._ready_keys.add(key)
         return True
 
     def _importable(self) -> bool:
