@@ -174,7 +174,8 @@ def cat(tensors_, dim=0) -> torch.Tensor | None:
         def arguments():
             return tensors.abstract_buffer(a_geom, device), tensors.abstract_buffer(b_geom, device), a_len, *statics
 
-        if not _append.ready_by((a_geom, statics, device), arguments):  # compiling: the append runs on the host
+        held = (a_geom.buffer_dtype, a_geom.buffer_len, statics, device)  # what the signature holds
+        if not _append.ready_by(held, arguments):  # compiling: the append runs on the host
             return _append_on_host(a, b, dim, outer * out_padded * inner)
     counted(("cat", a.dtype, *statics))
     flat = _append(tensors.buffer_of(a), tensors.buffer_of(b), a_len, *statics)
