@@ -249,6 +249,33 @@ def test_complex_atan_atanh_special_values_as_cpu(fn, dtype):
     assert torch.equal(got.imag.signbit(), want.imag.signbit())
 
 
+# ---- dtype rules and dtypes (test_binary_ufuncs test_heaviside, test_indexing test_index_select)
+
+
+@pytest.mark.parametrize("out", [False, True])
+def test_heaviside_of_two_dtypes_raises_as_cpu(out):
+    # Was: promoted silently, with and without out=.
+    x, v = torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([0.5], dtype=torch.float64)
+
+    def call(device):
+        kwargs = {"out": torch.empty(3, device=device)} if out else {}
+        torch.heaviside(x.to(device), v.to(device), **kwargs)
+
+    assert _raised(call, TPU) == _raised(call, "cpu")
+    assert _raised(call, "cpu")[0] is RuntimeError
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz])
+def test_float8_fnuz_tensors(dtype):
+    # Was: TypeError, dtype unsupported.
+    x = torch.randn(5, 3).to(dtype)
+    idx = torch.tensor([0, 2, 4])
+    got = torch.index_select(x.to(TPU), 0, idx.to(TPU)).cpu()
+    assert got.dtype == dtype
+    assert torch.equal(got.view(torch.uint8), torch.index_select(x, 0, idx).view(torch.uint8))
+    assert torch.equal(x.to(TPU).float().cpu(), x.float())
+
+
 # ---- what passes now (guards against regressions in the classes above)
 
 

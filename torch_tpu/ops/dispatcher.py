@@ -780,7 +780,7 @@ def _apply_check(check: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dic
 
 def _takes_outs(check: Callable, out_names: list[str]) -> bool:
     """Whether a check names the out= tensors (frexp's dtype rules) or takes any keyword."""
-    params = inspect.signature(check).parameters
+    params = inspect.signature(check.fn if isinstance(check, SignatureCheck) else check).parameters
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) or all(n in params for n in out_names)
 
 

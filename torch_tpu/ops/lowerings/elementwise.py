@@ -30,7 +30,7 @@ from torch_tpu.ops.promotion import (
     result_dtype,
     to_float,
 )
-from torch_tpu.ops.registry import Check, aten, lower
+from torch_tpu.ops.registry import Check, aten, lower, signature_check
 
 # ---- arithmetic -------------------------------------------------------------
 
@@ -566,7 +566,13 @@ def xlogy(self, other):
     return jnp.where(jnp.isnan(y), jnp.nan, safe)
 
 
-@lower(aten.heaviside.default)
+@signature_check
+def _heaviside_dtypes(self, values):
+    if self.dtype != values.dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+
+
+@lower(aten.heaviside.default, check=_heaviside_dtypes)
 def heaviside(self, values):
     dtype, (x, v) = promote(self, values)
     return jnp.where(x == 0, v, (x > 0).astype(dtype))
