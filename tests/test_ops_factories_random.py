@@ -520,3 +520,65 @@ def test_like_samplers(no_fallbacks):
     for fn in (torch.rand_like, torch.randn_like, lambda t: torch.randint_like(t, 3, 9)):
         y = fn(x)
         assert y.shape == x.shape and y.dtype == x.dtype and y.device.type == "tpu"
+
+
+def test_random_fills_of_new_shapes_compile_once_per_bucket():
+    """torch.rand/randn/randint and in-place fills of small contiguous tensors draw into a buffer
+    of the next power-of-two length (ops/random_fills.py): one executable per bucket, not per
+    shape; the tensor keeps its exact shape and storage, and the same seed gives the same numbers."""
+    import torch_tpu
+
+    torch.manual_seed(0)
+    first = torch.randn(5, 7, device="tpu")
+    torch.manual_seed(0)
+    again = torch.randn(5, 7, device="tpu")
+    assert torch.equal(first.cpu(), again.cpu())
+    assert first.untyped_storage().nbytes() == 35 * 4 and first.stride() == (7, 1)
+    torch.testing.assert_close((first * 2 + 1).cpu(), first.cpu() * 2 + 1)
+
+    before = torch_tpu.metrics.counters()
+    drawn = []
+    for n in range(33, 64):  # one bucket (64 elements) for each fill
+        drawn.append(
+            (
+                torch.rand(n, device="tpu"),
+                torch.randint(-3, 3, (n,), device="tpu", dtype=torch.int16),
+                torch.empty(n, dtype=torch.bfloat16, device="tpu").uniform_(-2.0, 2.0),
+            )
+        )
+    after = torch_tpu.metrics.counters()
+    assert after["bucketed_random_fills"] - before.get("bucketed_random_fills", 0) == 3 * 31
+    assert after["xla_compiles"] - before["xla_compiles"] <= 3  # one per fill, not one per shape
+    for x, y, z in drawn:
+        x, y, z = x.cpu(), y.cpu(), z.cpu()
+        assert 0 <= x.min().item() and x.max().item() < 1
+        assert -3 <= y.min().item() and y.max().item() < 3 and y.dtype == torch.int16
+        assert z.abs().max().item() <= 2
+    assert len({x[0].item() for x, _, _ in drawn}) > 1  # fresh numbers at each draw
+
+
+def test_random_bounds_errors_and_warnings_as_cpu():
+    def outcome(fn, device):
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                fn(device)
+            except Exception as e:
+                return type(e), str(e)
+        return [str(w.message).split(" (Triggered")[0] for w in caught if w.category is UserWarning]
+
+    calls = [
+        lambda d: torch.empty(4, dtype=torch.int8, device=d).random_(-300, 5),
+        lambda d: torch.empty(4, dtype=torch.int16, device=d).random_(0, 2**40),
+        lambda d: torch.empty(4, dtype=torch.int8, device=d).random_(300),
+        lambda d: torch.empty(4, dtype=torch.float16, device=d).random_(5000, None),
+        lambda d: torch.empty(4, dtype=torch.float32, device=d).random_(-(2**40), 5),
+        lambda d: torch.empty(4, dtype=torch.complex64, device=d).random_(0, 5),
+        lambda d: torch.empty(4, dtype=torch.float32, device=d).uniform_(2.0, 1.0),
+        lambda d: torch.empty(4, dtype=torch.float32, device=d).uniform_(-3e38, 3e38),
+        lambda d: torch.empty(4, dtype=torch.bfloat16, device=d).uniform_(-3.4e38, 0.0),
+    ]
+    for fn in calls:
+        assert outcome(fn, "tpu") == outcome(fn, "cpu")

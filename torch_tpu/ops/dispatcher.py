@@ -502,17 +502,17 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
     )
 
     def kernel(*args, **kwargs):
+        if check is not None:
+            args, kwargs = _apply_check(check, args, kwargs)
         if front is not None:
             result = front.run(*args, **kwargs)
             if result is not None:
                 return result
-        if pointwise and growing.is_bucketed_call(args, kwargs):
+        if pointwise and growing.is_bucketed_call(args, kwargs):  # (no check: see `pointwise`)
             with storage_locks.held(args[:1] if inplace else ()):  # read, run and swap: atomic
                 flat = growing.flatten_pointwise(args, kwargs, inplace)
                 if flat is not None:
                     return growing.unflatten_result(kernel(*flat.args, **flat.kwargs), flat)
-        if check is not None:
-            args, kwargs = _apply_check(check, args, kwargs)
         bound = plan.bind(args, kwargs)
         if not plan.mutable:
             return run(args, kwargs, bound)

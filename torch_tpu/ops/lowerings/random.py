@@ -5,6 +5,7 @@ numbers differ from CPU's."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torch_tpu.ops import random_fills
 from torch_tpu.ops.checks import PREDICATES, Failure, flags
 from torch_tpu.ops.dtypes import opmath, to_numpy_dtype, type_name
 from torch_tpu.ops.promotion import cast, float_dtype, is_integral, require, result_dtype
@@ -53,15 +55,111 @@ def _from_below_to(low: int, to: int) -> None:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={to}")
 
 
+# CPU's names of the dtypes in its random_ bounds messages, and the float mantissa digits.
+_CPU_NAMES = {
+    torch.bool: "bool",
+    torch.int8: "signed char",
+    torch.uint8: "unsigned char",
+    torch.int16: "short int",
+    torch.uint16: "short unsigned int",
+    torch.int32: "int",
+    torch.uint32: "unsigned int",
+    torch.int64: "long int",
+    torch.uint64: "long unsigned int",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float",
+    torch.float64: "double",
+}
+_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+
+
+def _check_from_to_in_range(low: int, to_inc: int, dtype: torch.dtype) -> None:
+    """CPU's check_from_to_in_range: an error outside the dtype's range, a warning outside the
+    integers a float dtype holds exactly."""
+    name = _CPU_NAMES.get(dtype, str(dtype))
+    if dtype.is_complex:
+        raise RuntimeError("check_random_bounds handles only integral, floating-point and boolean types")
+    if dtype.is_floating_point:
+        lowest, highest = torch.finfo(dtype).min, torch.finfo(dtype).max
+    elif dtype == torch.uint64:
+        lowest, highest = 0, 2**63 - 1
+    elif dtype == torch.bool:
+        lowest, highest = 0, 1
+    else:
+        lowest, highest = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    for value, what in ((low, "from"), (to_inc, "to - 1")):
+        if not lowest <= value <= highest:
+            raise RuntimeError(f"{what} is out of bounds for {name}")
+    digits = _DIGITS.get(dtype)
+    for value, what in ((low, "from"), (to_inc, "to - 1")):
+        if digits is not None and not -(1 << digits) <= value <= 1 << digits:
+            warnings.warn(
+                f"{what} is out of bounds [-(2^{digits}), 2^{digits}]. Due to precision limitations {name} can "
+                "support discrete uniform distribution only within this range. This warning will become an error "
+                "in version 1.7 release, please fix the code in advance",
+                stacklevel=2,
+            )
+
+
+def _uniform_check(self, low=0.0, high=1.0, **_):
+    """CPU's bounds checks of uniform_ (a complex tensor's parts are of its real dtype)."""
+    dtype = self.dtype.to_real() if self.is_complex() else self.dtype
+    if not dtype.is_floating_point:
+        return  # the lowering raises CPU's NotImplementedError
+    info, name = torch.finfo(dtype), _CPU_NAMES[dtype]
+    for value, what in ((low, "from"), (high, "to")):
+        if not info.min <= value <= info.max:
+            raise RuntimeError(f"{what} is out of bounds for {name}")
+    if low > high:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}")
+    if high - low > info.max:
+        raise RuntimeError(
+            f"uniform_ expects to-from <= std::numeric_limits<{type_name(dtype)}>::max(), but found to={high:g} "
+            f"and from={low:g} which result in to-from to exceed the limit"
+        )
+
+
+def _random_to_check(self, to, **_):
+    _from_below_to(0, to)
+    _check_from_to_in_range(0, to - 1, self.dtype)
+
+
+def _random_from_check(self, low, to=None, **_):
+    if self.is_complex() and to is None:
+        raise RuntimeError("random_from_to_impl handles only integral, floating-point and boolean types")
+    if to is not None:
+        _from_below_to(low, to)
+        _check_from_to_in_range(low, to - 1, self.dtype)
+    elif low != -(2**63):
+        to_inc = _upper_bound(to_numpy_dtype(self.dtype))
+        _check_from_to_in_range(low, to_inc, self.dtype)
+        if low > to_inc:
+            raise RuntimeError(
+                "random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' casted to dtype, "
+                f"but got from={low} > to_inc={to_inc}"
+            )
+
+
 def _uniform(rng, shape, dtype) -> jnp.ndarray:
     """Uniform floats in [0, 1) of a float dtype (reduced precision draws in float32)."""
     return jax.random.uniform(rng, shape, opmath(dtype))
 
 
+def _fill(op, check=None):
+    """`@lower(op, random=True, check=check)` for an in-place fill that reads only self's shape and
+    dtype: small contiguous tensors draw through a length bucket (ops/random_fills.py)."""
+
+    def register(fn):
+        return lower(op, random=True, check=check, front=random_fills.bucketed(fn, op))(fn)
+
+    return register
+
+
 # ---- in-place distributions -------------------------------------------------
 
 
-@lower(aten.uniform_.default, random=True)
+@_fill(aten.uniform_.default, check=_uniform_check)
 def uniform_(self, low=0.0, high=1.0, *, rng):
     require("check_uniform_bounds", self.dtype, bool_ok=False, int_ok=False)
     if low > high:
@@ -75,7 +173,7 @@ def uniform_(self, low=0.0, high=1.0, *, rng):
     return jax.random.uniform(rng, self.shape, self.dtype, low, high)
 
 
-@lower(aten.normal_.default, random=True)
+@_fill(aten.normal_.default)
 def normal_(self, mean=0.0, std=1.0, *, rng):
     return mean + std * jax.random.normal(rng, self.shape, opmath(self.dtype))
 
@@ -92,24 +190,24 @@ def normal(mean, std=1.0, *, rng):
     return cast(mean, dtype) + cast(std, dtype) * jax.random.normal(rng, shape, dtype)
 
 
-@lower(aten.log_normal_.default, random=True)
+@_fill(aten.log_normal_.default)
 def log_normal_(self, mean=1.0, std=2.0, *, rng):
     return jnp.exp(mean + std * jax.random.normal(rng, self.shape, opmath(self.dtype)))
 
 
-@lower(aten.exponential_.default, random=True)
+@_fill(aten.exponential_.default)
 def exponential_(self, lambd=1.0, *, rng):
     return -jnp.log1p(-_uniform(rng, self.shape, self.dtype)) / lambd
 
 
-@lower(aten.geometric_.default, random=True)
+@_fill(aten.geometric_.default)
 def geometric_(self, p, *, rng):
     """The number of Bernoulli(p) trials up to the first success: ceil(log(u) / log(1 - p))."""
     u = 1 - jax.random.uniform(rng, self.shape, np.float64)  # in (0, 1]
     return jnp.ceil(jnp.log(u) / math.log1p(-p))
 
 
-@lower(aten.cauchy_.default, random=True)
+@_fill(aten.cauchy_.default)
 def cauchy_(self, median=0.0, sigma=1.0, *, rng):
     u = _uniform(rng, self.shape, float_dtype(self.dtype))
     return median + sigma * jnp.tan(math.pi * (u - 0.5))
@@ -162,18 +260,18 @@ def _upper_bound(dtype: np.dtype) -> int:
     return min(2 ** jnp.finfo(dtype).nmant * 2, 2**63 - 1)
 
 
-@lower(aten.random_.default, random=True)
+@_fill(aten.random_.default)
 def random_(self, *, rng):
     return _random_integers(rng, self.shape, 0, _upper_bound(self.dtype) + 1)
 
 
-@lower(aten.random_.to, random=True)
+@_fill(aten.random_.to, check=_random_to_check)
 def random_to(self, to, *, rng):
     _from_below_to(0, to)
     return _random_integers(rng, self.shape, 0, to)
 
 
-@lower(getattr(aten.random_, "from"), random=True)
+@_fill(getattr(aten.random_, "from"), check=_random_from_check)
 def random_from(self, low, to=None, *, rng):
     high = _upper_bound(self.dtype) + 1 if to is None else to
     _from_below_to(low, high)
