@@ -582,3 +582,13 @@ def test_random_bounds_errors_and_warnings_as_cpu():
     ]
     for fn in calls:
         assert outcome(fn, "tpu") == outcome(fn, "cpu")
+
+
+def test_random_fill_then_channels_last_copy():
+    # Was: "required rank 4 tensor to use channels_last format" (test_nn test_upsamplingBiMode2d_consistency):
+    # the clone of a tensor over a longer buffer ran over the flat buffer with the memory format.
+    x = torch.randint(0, 256, (1, 3, 10, 10), dtype=torch.uint8, device="tpu")
+    cl = x.contiguous(memory_format=torch.channels_last)
+    want = x.cpu().contiguous(memory_format=torch.channels_last)
+    assert cl.stride() == want.stride() and torch.equal(cl.cpu(), want)
+    assert torch.equal(x.clone(memory_format=torch.contiguous_format).cpu(), x.cpu())

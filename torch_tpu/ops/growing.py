@@ -231,6 +231,8 @@ def _bucketed_buffers(args: tuple, kwargs: dict) -> tuple | None:
     first tpu tensor that is its whole buffer ends the search."""
     if not active() or "out" in kwargs:
         return None
+    if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return None  # a layout of the exact shape (channels_last): not one of the flat buffer
     sizes = capacity = None
     found = []
     for i, a in enumerate(args):
