@@ -276,6 +276,21 @@ def test_float8_fnuz_tensors(dtype):
     assert torch.equal(x.to(TPU).float().cpu(), x.float())
 
 
+@pytest.mark.parametrize(
+    "mode, dims", [("nearest", 1), ("nearest", 2), ("nearest-exact", 2), ("linear", 1), ("bilinear", 2), ("bicubic", 2)]
+)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
+def test_integer_upsampling_raises_as_cpu(mode, dims, dtype):
+    # Was: computed (test_nn test_upsamplingBiMode2d_nonsupported_dtypes); uint8 and floats run, as on CPU.
+    x = torch.ones(1, 3, *([8] * dims), dtype=dtype)
+
+    def call(device):
+        torch.nn.functional.interpolate(x.to(device), size=[4] * dims, mode=mode)
+
+    assert _raised(call, TPU)[0] is _raised(call, "cpu")[0] is NotImplementedError
+    assert "not implemented for" in _raised(call, TPU)[1]
+
+
 # ---- what passes now (guards against regressions in the classes above)
 
 

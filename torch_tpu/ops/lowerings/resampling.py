@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from torch_tpu.ops.dtypes import opmath, to_opmath
+from torch_tpu.ops.dtypes import opmath, to_opmath, type_name
 from torch_tpu.ops.lowerings.common import HIGHEST
 from torch_tpu.ops.registry import aten, lower
 
@@ -166,8 +166,16 @@ def _upsample_aa(x, output_size, align_corners, scales):
     return y.astype(x.dtype)
 
 
+def _byte_or_float(x, kernel: str) -> None:
+    """CPU's NotImplementedError for integer inputs other than uint8 (its upsampling kernels
+    dispatch on floats and uint8)."""
+    if (jnp.issubdtype(x.dtype, jnp.integer) and x.dtype != jnp.uint8) or x.dtype == jnp.bool_:
+        raise NotImplementedError(f"\"{kernel}\" not implemented for '{type_name(x.dtype)}'")
+
+
 @lower(aten._upsample_bilinear2d_aa.default)
 def upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    _byte_or_float(self, "compute_index_ranges_weights")
     return _upsample_aa(self, tuple(output_size), align_corners, (scales_h, scales_w))
 
 
@@ -180,6 +188,7 @@ def upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_
 
 @lower(aten.upsample_bicubic2d.default)
 def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    _byte_or_float(self, "compute_indices_weights_cubic")
     return _upsample_cubic(to_opmath(self), tuple(output_size), align_corners, (scales_h, scales_w))
 
 
@@ -192,16 +201,19 @@ def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corn
 
 @lower(aten._upsample_nearest_exact1d.default)
 def upsample_nearest_exact1d(self, output_size, scales=None):
+    _byte_or_float(self, "compute_indices_weights_nearest")
     return _upsample_nearest(self, tuple(output_size), (scales,), exact=True)
 
 
 @lower(aten._upsample_nearest_exact2d.default)
 def upsample_nearest_exact2d(self, output_size, scales_h=None, scales_w=None):
+    _byte_or_float(self, "compute_indices_weights_nearest")
     return _upsample_nearest(self, tuple(output_size), (scales_h, scales_w), exact=True)
 
 
 @lower(aten._upsample_nearest_exact3d.default)
 def upsample_nearest_exact3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    _byte_or_float(self, "compute_indices_weights_nearest")
     return _upsample_nearest(self, tuple(output_size), (scales_d, scales_h, scales_w), exact=True)
 
 
@@ -232,16 +244,19 @@ def upsample_nearest_exact3d_backward(
 
 @lower(aten.upsample_nearest1d.default)
 def upsample_nearest1d(self, output_size, scales=None):
+    _byte_or_float(self, "compute_indices_weights_nearest")
     return _upsample_nearest(self, tuple(output_size), (scales,))
 
 
 @lower(aten.upsample_nearest2d.default)
 def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
+    _byte_or_float(self, "compute_indices_weights_nearest")
     return _upsample_nearest(self, tuple(output_size), (scales_h, scales_w))
 
 
 @lower(aten.upsample_nearest3d.default)
 def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    _byte_or_float(self, "compute_indices_weights_nearest")
     return _upsample_nearest(self, tuple(output_size), (scales_d, scales_h, scales_w))
 
 
@@ -271,16 +286,19 @@ def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=N
 
 @lower(aten.upsample_linear1d.default)
 def upsample_linear1d(self, output_size, align_corners, scales=None):
+    _byte_or_float(self, "compute_indices_weights_linear")
     return _upsample_linear(to_opmath(self), tuple(output_size), align_corners, (scales,))
 
 
 @lower(aten.upsample_bilinear2d.default)
 def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    _byte_or_float(self, "compute_indices_weights_linear")
     return _upsample_linear(to_opmath(self), tuple(output_size), align_corners, (scales_h, scales_w))
 
 
 @lower(aten.upsample_trilinear3d.default)
 def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    _byte_or_float(self, "compute_indices_weights_linear")
     return _upsample_linear(to_opmath(self), tuple(output_size), align_corners, (scales_d, scales_h, scales_w))
 
 
