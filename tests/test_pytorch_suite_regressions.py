@@ -291,6 +291,30 @@ def test_integer_upsampling_raises_as_cpu(mode, dims, dtype):
     assert "not implemented for" in _raised(call, TPU)[1]
 
 
+def _inplace_into_a_smaller_tensor(device: str) -> None:
+    torch.rand(5, 1, device=device).clamp_max_(torch.rand(5, 5, device=device))
+
+
+def _inplace_composite_into_a_smaller_tensor(device: str) -> None:
+    torch.rand(5, 1, device=device).ldexp_(torch.ones(5, 5, dtype=torch.long, device=device))
+
+
+def _out_on_the_cpu(device: str) -> None:
+    torch.acosh(torch.rand((), device=device) + 1, out=torch.empty(()))
+
+
+@pytest.mark.parametrize(
+    "fn", [_inplace_into_a_smaller_tensor, _inplace_composite_into_a_smaller_tensor, _out_on_the_cpu]
+)
+def test_written_tensor_errors_as_cpu(fn):
+    # Was: jax's ValueError; a silent resize of self (ldexp_); an AttributeError for a 0-dim CPU out=
+    # (test_ops test_variant_consistency_eager, test_out).
+    got = _raised(fn, TPU)
+    assert got[0] is RuntimeError
+    if fn is not _out_on_the_cpu:  # (on CPU that one is no error: every tensor is on the CPU)
+        assert got == _raised(fn, "cpu")
+
+
 # ---- what passes now (guards against regressions in the classes above)
 
 

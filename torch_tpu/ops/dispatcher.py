@@ -335,6 +335,7 @@ def _build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device
                 new_buffers.append(None)
                 continue
             group = aliases[k] if aliases else k
+            _check_fits(jnp.shape(value), slot.geom.sizes)
             value = apply_bits(jnp.broadcast_to(value, slot.geom.sizes), *slot.bits)  # a conj view stores conj(value)
             buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, value)
             latest[group] = buf
@@ -354,6 +355,16 @@ def _build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device
     options = executable_cache.op_compile_options()
     entry.run = executable_cache.FirstCall(entry.traceable, persist, lambda: _entry_state(entry), entry, "run", options)
     return entry
+
+
+def _check_fits(shape: tuple, sizes: tuple) -> None:
+    """CPU's error for an in-place result of another shape than the tensor it writes (x[5, 1].mul_(y[5, 5]))."""
+    try:
+        broadcast = tuple(np.broadcast_shapes(tuple(shape), tuple(sizes)))
+    except ValueError:
+        broadcast = tuple(shape)
+    if broadcast != tuple(sizes):
+        raise RuntimeError(f"output with shape {list(sizes)} doesn't match the broadcast shape {list(broadcast)}")
 
 
 def _entry_state(entry: _Entry) -> tuple:
@@ -516,7 +527,12 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
         bound = plan.bind(args, kwargs)
         if not plan.mutable:
             return run(args, kwargs, bound)
-        with storage_locks.held(_mutable_tensors(plan, bound)):  # read, run and swap: atomic per storage
+        written = _mutable_tensors(plan, bound)
+        if any(t is not None and t.device.type != "tpu" for t in written):  # a CPU out= or self
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, cpu and tpu!"
+            )
+        with storage_locks.held(written):  # read, run and swap: atomic per storage
             return run(args, kwargs, bound)
 
     def run(args, kwargs, bound):
@@ -827,8 +843,11 @@ def _execute(entry: _Entry, lowering: Lowering, call: _Call, device: int, compil
 def _resize_out_args(plan: OpPlan, bound: list, entry: _Entry) -> bool:
     """Resizes out= tensors to the result shapes, as CPU does. True if any changed."""
     changed = False
+    inputs = [v for v in flatten_values(bound) if isinstance(v, torch.Tensor)]
     for t, shape in zip(_mutable_tensors(plan, bound), entry.mutable_shapes):
         if t is not None and shape is not None and tuple(t.shape) != shape:
+            if sum(v is t for v in inputs) > 1:  # the out tensor is also an input (ldexp_ as ldexp.out)
+                raise RuntimeError(f"output with shape {list(t.shape)} doesn't match the broadcast shape {list(shape)}")
             if t.numel() != 0:
                 warnings.warn(
                     f"An output with one or more elements was resized since it had shape {list(t.shape)}, "
