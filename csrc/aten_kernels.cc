@@ -1,8 +1,11 @@
 // ATen kernels the device surface owns in C++: allocation, views and storage
 // metadata. Everything that computes goes to the Python lowerings.
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
@@ -39,14 +42,27 @@ struct CurrentDeviceScope {
   int saved;
 };
 
+// torch.use_deterministic_algorithms(True) with torch.utils.deterministic.fill_uninitialized_memory:
+// new memory reads as NaN (floats) or the dtype's max (integers), as on CPU and CUDA.
+bool fill_deterministically() {
+  return at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory();
+}
+
+at::Tensor filled_if_deterministic(at::Tensor t) {
+  if (fill_deterministically() && t.numel() > 0) {
+    at::native::fill_empty_deterministic_(t);
+  }
+  return t;
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> /*pin_memory*/,
                                std::optional<at::MemoryFormat> memory_format) {
   TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "tpu tensors support only the strided layout");
   CurrentDeviceScope scope(target_device(device));
-  return at::detail::empty_generic(size, tpu_allocator(), kTpuKeys,
-                                   c10::dtype_or_default(dtype), memory_format);
+  return filled_if_deterministic(at::detail::empty_generic(size, tpu_allocator(), kTpuKeys,
+                                                           c10::dtype_or_default(dtype), memory_format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
@@ -54,8 +70,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<bool> /*pin_memory*/) {
   TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "tpu tensors support only the strided layout");
   CurrentDeviceScope scope(target_device(device));
-  return at::detail::empty_strided_generic(size, stride, tpu_allocator(), kTpuKeys,
-                                           c10::dtype_or_default(dtype));
+  return filled_if_deterministic(at::detail::empty_strided_generic(size, stride, tpu_allocator(), kTpuKeys,
+                                                                   c10::dtype_or_default(dtype)));
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
@@ -73,8 +89,12 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     const size_t needed = at::detail::computeStorageNbytes(impl->sizes(), impl->strides(),
                                                            self.dtype().itemsize(), impl->storage_offset());
     const c10::Storage& storage = impl->unsafe_storage();
-    if (needed > storage.nbytes()) {
+    const size_t old_nbytes = storage.nbytes();
+    if (needed > old_nbytes) {
       resize_storage_bytes(storage, needed);
+      if (fill_deterministically()) {
+        at::native::fill_resize_deterministic_(self, static_cast<int64_t>(old_nbytes));
+      }
     }
   }
   return self;

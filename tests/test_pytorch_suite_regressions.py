@@ -315,6 +315,27 @@ def test_written_tensor_errors_as_cpu(fn):
         assert got == _raised(fn, "cpu")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.complex64, torch.bool])
+def test_deterministic_fill_of_new_memory_as_cpu(dtype):
+    # Was: zeros (test_torch test_deterministic_empty, test_deterministic_resize).
+    def new_memory(device):
+        a = torch.empty(3, dtype=dtype, device=device)
+        b = torch.empty_strided((2, 2), (1, 2), dtype=dtype, device=device)
+        c = torch.ones(2, dtype=dtype, device=device)
+        c.resize_(5)
+        return [t.cpu() for t in (a, b, c)]
+
+    torch.use_deterministic_algorithms(True)
+    filling = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        for got, want in zip(new_memory(TPU), new_memory("cpu")):
+            torch.testing.assert_close(got, want, equal_nan=True)
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = filling
+
+
 # ---- what passes now (guards against regressions in the classes above)
 
 
