@@ -139,8 +139,13 @@ def test_a_dead_worker_costs_no_result():
 
 
 def test_random_ops_compile_before_they_run():
-    compiles, runs = _count("op_compiles"), _count("host_tier_runs")
+    """CPU's generator draws other numbers: random ops never run on the host tier. A random fill
+    of a small tensor draws through a length bucket (ops/random_fills.py); other random ops
+    compile their signature before they run."""
+    compiles, runs, fills = _count("op_compiles"), _count("host_tier_runs"), _count("bucketed_random_fills")
     torch.rand(next(_SHAPES), device="tpu")
+    assert _count("bucketed_random_fills") == fills + 1 and _count("op_compiles") == compiles
+    torch.randperm(next(_SHAPES), device="tpu")
     assert _count("op_compiles") == compiles + 1 and _count("host_tier_runs") == runs
 
 
