@@ -336,6 +336,18 @@ def test_deterministic_fill_of_new_memory_as_cpu(dtype):
         torch.utils.deterministic.fill_uninitialized_memory = filling
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 2.5, 3, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_copy_from_a_python_number_as_cpu(value, dtype):
+    # Was: AttributeError ('float' object has no attribute 'device'); GradScaler tests poison
+    # grads with `grad.copy_(torch.inf)` (test_torch test_params_invalidated_with_grads_invalidated_*).
+    if dtype == torch.int64 and isinstance(value, float) and not value < float("inf"):
+        pytest.skip("CPU's cast of nan/inf to an integer is undefined")
+    want = torch.zeros(3, dtype=dtype).copy_(value)
+    got = torch.zeros(3, dtype=dtype, device=TPU).copy_(value)
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+
+
 # ---- what passes now (guards against regressions in the classes above)
 
 

@@ -98,6 +98,8 @@ def _copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 @lower(aten._copy_from.default, eager=True)
 def copy_from(self, dst, non_blocking=False):
+    if isinstance(self, (bool, int, float, complex)):  # `t.copy_(2.5)`: the number comes unwrapped
+        return dst.fill_(self)
     return _copy(self, dst)
 
 
