@@ -55,7 +55,7 @@ def _from_below_to(low: int, to: int) -> None:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={to}")
 
 
-# CPU's names of the dtypes in its random_ bounds messages, and the float mantissa digits.
+# CPU's names of the dtypes in its random_ bounds messages.
 _CPU_NAMES = {
     torch.bool: "bool",
     torch.int8: "signed char",
@@ -71,7 +71,6 @@ _CPU_NAMES = {
     torch.float32: "float",
     torch.float64: "double",
 }
-_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 
 
 def _check_from_to_in_range(low: int, to_inc: int, dtype: torch.dtype) -> None:
@@ -91,9 +90,11 @@ def _check_from_to_in_range(low: int, to_inc: int, dtype: torch.dtype) -> None:
     for value, what in ((low, "from"), (to_inc, "to - 1")):
         if not lowest <= value <= highest:
             raise RuntimeError(f"{what} is out of bounds for {name}")
-    digits = _DIGITS.get(dtype)
+    if not dtype.is_floating_point:
+        return
+    digits = jnp.finfo(to_numpy_dtype(dtype)).nmant + 1  # the integers the dtype holds exactly: up to 2**digits
     for value, what in ((low, "from"), (to_inc, "to - 1")):
-        if digits is not None and not -(1 << digits) <= value <= 1 << digits:
+        if not -(1 << digits) <= value <= 1 << digits:
             warnings.warn(
                 f"{what} is out of bounds [-(2^{digits}), 2^{digits}]. Due to precision limitations {name} can "
                 "support discrete uniform distribution only within this range. This warning will become an error "
