@@ -302,7 +302,7 @@ def _die(rank: int) -> None:
 
     import torch_tpu.distributed as td
 
-    td.initialize(heartbeat_timeout_s=10)
+    td.initialize(heartbeat_timeout_s=40)
     dist.init_process_group("tpu", timeout=timedelta(seconds=20))
     t = torch.ones(4, device=td.c10d.local_device())
     dist.all_reduce(t)  # both ranks agree on the device path, and it runs once
@@ -324,11 +324,15 @@ def _die_spmd(rank: int, port: int) -> None:
 
     import torch_tpu.distributed as td
 
-    td.initialize(f"127.0.0.1:{port}", 2, rank, heartbeat_timeout_s=10)
+    # Rank 0 must reach the collective before the coordination service (in rank 0's process)
+    # misses rank 1's heartbeats and ends the process itself. So the program it runs alone is
+    # compiled and its communicators connected while both live, and the timeout leaves room
+    # for a loaded CI machine.
+    td.initialize(f"127.0.0.1:{port}", 2, rank, heartbeat_timeout_s=40)
     mesh = td.Mesh((2, 4), ("data", "model"))
     x = td.mark_sharding(torch.randn(8, 16).to("tpu"), mesh, ("data", None))
     w = td.mark_sharding(torch.randn(16, 8).to("tpu"), mesh, (None, "model"))
-    (x @ w).sum().item()
+    (x @ w * 2).sum().item()
     if rank == 1:
         os._exit(17)  # the other process runs the next programs alone
     try:
