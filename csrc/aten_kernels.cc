@@ -13,6 +13,7 @@
 #include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/COW.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -154,6 +155,21 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
          (dense_cpu_or_tpu(self.key_set()) && dense_cpu_or_tpu(from.key_set()));
 }
 
+// at::native::_lazy_clone, with the tpu materializer in place of c10's.
+at::Tensor lazy_clone(const at::Tensor& self) {
+  c10::StorageImpl* source = self.storage().unsafeGetStorageImpl();
+  c10::intrusive_ptr<c10::StorageImpl> storage = c10::impl::cow::lazy_clone_storage(*source);
+  TORCH_CHECK(storage != nullptr,
+              "_lazy_clone: this tpu storage aliases another's memory (a storage slice); clone() it instead");
+  for (c10::StorageImpl* s : {source, storage.get()}) {
+    s->clear_materializer();
+    s->set_materializer(&materialize_lazy_clone);
+  }
+  auto clone = c10::make_intrusive<c10::TensorImpl>(c10::Storage(std::move(storage)), self.key_set(), self.dtype());
+  clone->set_sizes_and_strides(self.sym_sizes(), self.sym_strides(), self.sym_storage_offset());
+  return at::Tensor(std::move(clone));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -165,6 +181,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_", set_empty);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  m.impl("_lazy_clone", lazy_clone);
   // Views reuse the metadata-only native kernels, so they alias storage.
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);

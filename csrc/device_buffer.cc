@@ -6,13 +6,17 @@
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/DeviceType.h>
+#include <c10/core/impl/COW.h>
+#include <c10/core/impl/COWDeleter.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ParallelGuard.h>
 #include <torch/csrc/Exceptions.h>
 
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "csrc/core/buffer_registry.h"
@@ -106,6 +110,8 @@ class TpuAllocator final : public c10::DeviceAllocator {
     return allocate_buffer(core::DeviceRegistry::instance().current_device(), nbytes);
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  // A buffer's own DataPtr: c10's copy-on-write may wrap it (see materialize_lazy_clone).
+  bool is_simple_data_ptr(const c10::DataPtr& ptr) const override { return ptr.get_deleter() == &delete_buffer; }
   void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
     TORCH_CHECK(false, "tpu storages have no host memory to copy; use tensor.copy_() or .cpu()");
   }
@@ -262,6 +268,14 @@ at::Tensor DeviceBuffer::host_for_write(c10::ScalarType dtype) {
   return flat;
 }
 
+void DeviceBuffer::share_value_of(DeviceBuffer& other) {
+  if (other.array_ != nullptr) {
+    set_array(other.array_, other.array_dtype_, other.array_numel_);
+  } else if (other.host_.defined()) {
+    set_host(other.host_.clone());
+  }  // else never written: this one reads as zeros too
+}
+
 bool DeviceBuffer::release_host_view() {
   if (!host_shared_) {
     return false;
@@ -350,28 +364,75 @@ c10::DataPtr allocate_buffer(int device, size_t nbytes) {
                       c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
 }
 
-BufferView view_of(const c10::Storage& storage) {
-  const c10::DataPtr& ptr = storage.data_ptr();
+namespace {
+
+BufferView view_at(const c10::DataPtr& ptr, size_t nbytes) {
   TORCH_CHECK(ptr.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu storage, got one on ",
               ptr.device());
   if (ptr.get_deleter() == &delete_buffer) {
     return {static_cast<DeviceBuffer*>(ptr.get_context()), 0};
   }
-  // Not its own buffer: the storage's bytes must lie inside a live one (whose owner keeps it alive).
+  // Not its own buffer (a slice, a lazy clone): its bytes must lie inside a live one, which
+  // its owner keeps alive.
   const auto address = reinterpret_cast<uintptr_t>(ptr.get());
   std::lock_guard<std::mutex> lock(g_live_mutex);
   auto it = g_live.upper_bound(address);
   if (it != g_live.begin()) {
     DeviceBuffer* buffer = std::prev(it)->second;
     const size_t offset = address - std::prev(it)->first;
-    if (offset + storage.nbytes() <= buffer->nbytes()) {
+    if (offset + nbytes <= buffer->nbytes()) {
       return {buffer, offset};
     }
   }
-  TORCH_CHECK(false, "tpu storage at ", ptr.get(), " (", storage.nbytes(), " bytes) is not inside a live tpu buffer");
+  TORCH_CHECK(false, "tpu storage at ", ptr.get(), " (", nbytes, " bytes) is not inside a live tpu buffer");
 }
 
+}  // namespace
+
+BufferView view_of(const c10::Storage& storage) { return view_at(storage.data_ptr(), storage.nbytes()); }
+
 DeviceBuffer& buffer_of(const c10::Storage& storage) { return *view_of(storage).buffer; }
+
+DeviceBuffer& writable_buffer_of(const c10::Storage& storage) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (impl->has_materializer()) {
+    impl->mutable_data();  // runs it
+  }
+  return buffer_of(storage);
+}
+
+void materialize_lazy_clone(c10::StorageImpl* storage) {
+  using c10::impl::cow::COWDeleterContext;
+  TORCH_CHECK(!c10::ParallelGuard::is_enabled(),
+              "Materializing a storage in the loop function of at::parallel_for is forbidden");
+  const c10::DataPtr& ptr = storage->data_ptr();
+  if (!c10::impl::cow::is_cow_data_ptr(ptr)) {
+    return;  // its memory was replaced meanwhile (resize_)
+  }
+  auto* context = ptr.cast_context<COWDeleterContext>(&c10::impl::cow::cow_deleter);
+  const int device = ptr.device().index();
+  c10::DataPtr own;
+  auto reference = context->decrement_refcount();
+  if (auto* last = std::get_if<COWDeleterContext::LastReference>(&reference)) {
+    TORCH_INTERNAL_ASSERT(last->get_deleter() == &delete_buffer);
+    auto* buffer = static_cast<DeviceBuffer*>(last->release());
+    own = c10::DataPtr(buffer->address(), buffer, &delete_buffer, ptr.device());
+  } else {  // others share it: a new buffer with the same value (the shared lock keeps the source)
+    PyGILState_STATE state = PyGILState_Ensure();
+    try {
+      own = allocate_buffer(device, storage->nbytes());
+      static_cast<DeviceBuffer*>(own.get_context())->share_value_of(*view_at(ptr, storage->nbytes()).buffer);
+    } catch (...) {
+      PyGILState_Release(state);
+      context->increment_refcount();  // still a clone: the hook stays and the next write retries
+      throw;
+    }
+    PyGILState_Release(state);
+  }
+  // The old DataPtr's reference was dropped above: release it without running its deleter.
+  storage->_mutable_data_ptr_no_checks().release_context();
+  storage->set_data_ptr_noswap(std::move(own));
+}
 
 at::Tensor wrap_array(PyObject* array, const std::vector<int64_t>& sizes, c10::ScalarType dtype, int device) {
   int64_t numel = 1;
@@ -394,7 +455,8 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
   const c10::DataPtr& old_ptr = storage.data_ptr();
   const int device = old_ptr.device().index();
   c10::DataPtr new_ptr = allocate_buffer(device, new_nbytes);
-  if (old_ptr.get_deleter() == &delete_buffer) {
+  const bool lazy_clone = c10::impl::cow::is_cow_data_ptr(old_ptr);
+  if (old_ptr.get_deleter() == &delete_buffer || lazy_clone) {
     PyGILState_STATE state = PyGILState_Ensure();
     PyObject* array = buffer_of(storage).array(/*force=*/false);
     if (array == nullptr) {
@@ -408,7 +470,10 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
     Py_DECREF(array);
     PyGILState_Release(state);
   }
-  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(new_ptr));
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(new_ptr));  // drops a clone's reference
+  if (lazy_clone) {
+    storage.unsafeGetStorageImpl()->clear_materializer();
+  }
   storage.unsafeGetStorageImpl()->set_nbytes(new_nbytes);
 }
 

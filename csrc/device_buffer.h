@@ -50,6 +50,9 @@ class DeviceBuffer {
   // Makes `flat` (a contiguous 1-D CPU tensor, handed over) the value; the array is made from
   // it when first read. Caller holds the GIL.
   void set_host(at::Tensor flat);
+  // Makes this buffer hold `other`'s value: the same array (arrays are immutable), or a copy of
+  // a host value. Caller holds the GIL.
+  void share_value_of(DeviceBuffer& other);
   // Drops a host view that only mirrors the array (it is remade on the next host read), so
   // the array has no holder but this buffer: XLA may then take it over (donation). Whether
   // there was one (jax drops the view's reference to the array at its next garbage collection).
@@ -103,6 +106,15 @@ struct BufferView {
 // Throws if neither.
 BufferView view_of(const c10::Storage& storage);
 DeviceBuffer& buffer_of(const c10::Storage& storage);  // view_of(storage).buffer
+// buffer_of, for a caller about to write the value: a lazy clone's storage gets its own
+// buffer first (copy on write).
+DeviceBuffer& writable_buffer_of(const c10::Storage& storage);
+
+// Copy-on-write lazy clones (torch._lazy_clone). c10 wraps a tpu storage's DataPtr in its COW
+// context (the allocator calls it simple), and this materializer replaces c10's, which needs a
+// DataPtr whose context is its address: the storage takes back the buffer when it holds the
+// last reference, else a new buffer sharing the value.
+void materialize_lazy_clone(c10::StorageImpl* storage);
 
 // A new contiguous tpu tensor on `device` whose storage holds `array` (flat, numel long).
 // Caller holds the GIL.

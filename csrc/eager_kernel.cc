@@ -576,7 +576,7 @@ class OpState {
     g_executions.fetch_add(1, std::memory_order_relaxed);
     if (inplace_) {
       c10::IValue self = args[0];
-      buffer_of(self.toTensor().storage())
+      writable_buffer_of(self.toTensor().storage())
           .set_array(PyList_GET_ITEM(out, entry.fresh.size()), entry.self_dtype, entry.self_numel);
       torch::jit::drop(stack, num_args_);
       stack->push_back(std::move(self));

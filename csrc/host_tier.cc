@@ -38,6 +38,9 @@ bool host_readable(const at::Tensor& t) {
 
 at::Tensor host_view(const at::Tensor& t, bool writable) {
   TORCH_CHECK(host_readable(t), "torch_tpu: the host tier cannot read this tensor");
+  if (writable) {
+    writable_buffer_of(t.storage());
+  }
   const BufferView view = view_of(t.storage());
   at::Tensor flat = writable ? view.buffer->host_for_write(t.scalar_type()) : view.buffer->host();
   if (!flat.defined()) {  // never written: zeros, as every read of it gives
@@ -106,7 +109,7 @@ void init_host_tier(py::module_& m) {
   // storage: a growing tensor's padded buffer, ops/growing.py).
   m.def("_set_host", [](const at::Tensor& t, at::Tensor flat) {
     TORCH_CHECK(flat.device().is_cpu() && flat.dim() == 1 && flat.is_contiguous(), "expected a flat CPU tensor");
-    buffer_of(t.storage()).set_host(std::move(flat));
+    writable_buffer_of(t.storage()).set_host(std::move(flat));
   }, py::arg("tensor"), py::arg("flat"));
   m.def("_release_host_view", [](const at::Tensor& t) { return buffer_of(t.storage()).release_host_view(); },
         py::arg("tensor"));

@@ -42,7 +42,7 @@ py::object get_buffer(const py::handle& obj) { return checked(buffer_of(storage_
 
 void set_buffer(const py::handle& obj, const py::handle& array, std::optional<at::ScalarType> dtype,
                 std::optional<int64_t> numel) {
-  buffer_of(storage_arg(obj)).set_array(array.ptr(), dtype.value_or(at::ScalarType::Undefined), numel.value_or(-1));
+  writable_buffer_of(storage_arg(obj)).set_array(array.ptr(), dtype.value_or(at::ScalarType::Undefined), numel.value_or(-1));
 }
 
 // Where the storage's bytes start in its buffer: 0 unless it is a slice of another storage.
