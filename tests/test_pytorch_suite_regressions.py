@@ -363,3 +363,39 @@ def test_view_dtype_aliases_storage():
     v = d.view(torch.float32)
     assert v.data_ptr() == d.data_ptr()
     assert torch.equal(v.cpu(), x.view(torch.float32))
+
+
+# ---- memory overlap of written tensors (CPU's assert_no_overlap)
+
+
+def _overlap_cases(device: str) -> list:
+    y = torch.arange(6.0, device=device)
+    grid, base = torch.arange(24.0, device=device).view(4, 6), torch.zeros(4, 6, device=device)
+    index = torch.tensor([2, 1, 0], device=device)
+    empty = torch.zeros(0, device=device)
+    return [
+        lambda: y.index_copy_(0, index, y[:3]),  # partial overlap with source
+        lambda: index.index_copy_(0, index, index.clone()),  # self is the index
+        lambda: torch.cat([empty, grid], out=empty),  # out is an input (test_cat_out)
+        lambda: torch.cat([grid, base], out=base[:2, :]),
+        lambda: torch.index_copy(y, 0, index, y[:3]),  # functional: nothing is written in place
+        lambda: y[:3].index_copy_(0, index, y[3:]),  # disjoint halves of one storage
+        lambda: torch.cat([grid, base], out=torch.empty(8, 6, device=device)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_writes_overlapping_their_inputs_raise_as_cpu(case):
+    # Was: no error (test_torch test_index_copy_mem_overlap), or a shape error (test_cat_out).
+    def run(device):
+        try:
+            out = _overlap_cases(device)[case]()
+        except RuntimeError as error:
+            return str(error)
+        return out.cpu()
+
+    cpu, tpu = run("cpu"), run(TPU)
+    if isinstance(cpu, str):
+        assert tpu == cpu
+    else:
+        assert isinstance(tpu, torch.Tensor) and torch.equal(tpu, cpu)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 from torch_tpu import metrics
 from torch_tpu.ops import host_tier
@@ -213,3 +214,29 @@ def inplace_cast_check(op, check: Callable | None) -> Callable | None:
         return None if check is None else check(self, other, *args, **kwargs)
 
     return SignatureCheck(cast_check) if check is None or isinstance(check, SignatureCheck) else cast_check
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> str:
+    """CPU's get_overlap_status of two tensors: "full", "partial", "no" or "too hard"."""
+    if a is b:
+        return "full"
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return "no"
+    if not (is_non_overlapping_and_dense(a) and is_non_overlapping_and_dense(b)):
+        return "too hard"
+    # Data addresses (a tpu buffer's fake address) without a mutable access, so a lazy clone stays one.
+    a_begin = torch._C._data_address(a) + a.storage_offset() * a.element_size()
+    b_begin = torch._C._data_address(b) + b.storage_offset() * b.element_size()
+    a_end, b_end = a_begin + a.numel() * a.element_size(), b_begin + b.numel() * b.element_size()
+    if a_begin == b_begin and a_end == b_end:
+        return "full" if a.stride() == b.stride() else "partial"
+    return "partial" if a_begin < b_end and b_begin < a_end else "no"
+
+
+def check_no_overlap(written: torch.Tensor, read: torch.Tensor) -> None:
+    """CPU's assert_no_overlap: `written` must not share memory with `read`, in part or whole."""
+    if _overlap(written, read) in ("full", "partial"):
+        raise RuntimeError(
+            "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+            "single memory location. Please clone() the tensor before performing the operation."
+        )

@@ -26,6 +26,7 @@ from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import growing, host_tier, precision, spmd, storage_locks, tensors, view_gathers
+from torch_tpu.ops.checks import check_no_overlap
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, to_numpy_dtype
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering, SignatureCheck
@@ -496,6 +497,9 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
     check = lowering.check
     if check is not None and derived and plan.out_names and not _takes_outs(check, plan.out_names):
         check = _without_outs(check, plan.out_set)
+    if derived and plan.mutable and lowering.apart_from:
+        apart = _apart_check(plan, lowering.apart_from)
+        check = apart if check is None else _both_checks(apart, check)
     if lowering.eager:
         fn = lowering.fn if check is None else _checked(lowering.fn, check)
         return _storage_locked(plan, fn) if plan.mutable else fn
@@ -798,6 +802,29 @@ def _takes_outs(check: Callable, out_names: list[str]) -> bool:
     """Whether a check names the out= tensors (frexp's dtype rules) or takes any keyword."""
     params = inspect.signature(check.fn if isinstance(check, SignatureCheck) else check).parameters
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) or all(n in params for n in out_names)
+
+
+def _apart_check(plan: OpPlan, names: tuple[str, ...]) -> Callable:
+    """The check that the tensors a derived form writes share no memory with arguments `names`."""
+    read = [plan.arg_names.index(n) for n in names]
+
+    def run(*args, **kwargs):
+        bound = plan.bind(args, kwargs)
+        others = flatten_values([bound[i] for i in read])
+        for written in _mutable_tensors(plan, bound):
+            for other in others:
+                if written is not None and isinstance(other, torch.Tensor):
+                    check_no_overlap(written, other)
+
+    return run
+
+
+def _both_checks(first: Callable, second: Callable) -> Callable:
+    def run(*args, **kwargs):
+        args, kwargs = _apply_check(first, args, kwargs)
+        return _apply_check(second, args, kwargs)
+
+    return run
 
 
 def _without_outs(check: Callable, out_names: frozenset) -> Callable:

@@ -97,6 +97,9 @@ class Lowering:
     # Whether the host tier may run the op's CPU kernel while its executable compiles
     # (ops/host_tier.py); False where the lowering's results differ from CPU's on purpose.
     host_tier: bool = True
+    # Arguments whose memory the tensor an in-place or out= form writes must not share (CPU's
+    # assert_no_overlap: cat's inputs, index_copy_'s index and source). The functional op skips it.
+    apart_from: tuple[str, ...] = ()
 
     @property
     def graph_fn(self) -> Callable | None:
@@ -121,6 +124,7 @@ def lower(
     traced: tuple[str, ...] = (),
     front: FrontPath | None = None,
     host_tier: bool = True,
+    apart_from: tuple[str, ...] = (),
 ) -> Callable:
     """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
     `check` is a host check (a callable) or a `Check` with a host and a graph form."""
@@ -145,6 +149,7 @@ def lower(
         traced=tuple(traced),
         front=front,
         host_tier=host_tier,
+        apart_from=tuple(apart_from),
     )
 
     def register(fn: Callable) -> Callable:

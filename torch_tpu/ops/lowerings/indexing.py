@@ -276,6 +276,7 @@ def index_add(x, dim, index, source, *, alpha=1):
 
 @lower(
     aten.index_copy.default,
+    apart_from=("index", "source"),
     check=_argument_checks(
         _index_copy_args,
         range_check(

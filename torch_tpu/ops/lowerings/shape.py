@@ -29,7 +29,7 @@ def _promoted(arrays) -> jnp.dtype:
     return jnp.dtype(to_numpy_dtype(dtype))
 
 
-@lower(aten.cat.default, front=growing.APPEND)
+@lower(aten.cat.default, front=growing.APPEND, apart_from=("tensors",))
 def cat(tensors, dim=0):
     dtype = _promoted(tensors)
     # Legacy rule: 1-d empty tensors are skipped whatever the other shapes.
