@@ -223,11 +223,17 @@ def _meta_leaf(m) -> bool:
 
 
 def _layout_strides(m) -> tuple[int, ...] | None:
-    """A fresh output's meta strides if its buffer takes that layout (dense but not contiguous)."""
+    """A fresh output's meta strides where its tensor takes them: a dense layout its buffer is
+    transposed to (channels_last, a transpose), or the contiguous layout with other strides on
+    size-1 dims (as CPU's TensorIterator gives for some strided inputs)."""
     if not isinstance(m, torch.Tensor) or m.storage_offset() != 0:
         return None
-    strides = tuple(m.stride())
-    return strides if geo.dense_order(tuple(m.shape), strides) is not None else None
+    sizes, strides = tuple(m.shape), tuple(m.stride())
+    if geo.dense_order(sizes, strides) is not None:
+        return strides
+    if all(isinstance(v, int) for v in (*sizes, *strides)) and geo.is_contiguous(sizes, strides):
+        return strides if strides != geo.contiguous_strides(sizes) else None
+    return None
 
 
 def _fresh_layout(fresh_meta, logical: bool = False):
@@ -244,8 +250,9 @@ def _lay_out(value, meta, strides, keep_shape: bool):
         return type(meta)(_lay_out(v, m, st, keep_shape) for v, m, st in zip(value, meta, strides))
     if value is None or not isinstance(meta, torch.Tensor):
         return value
-    if strides is not None:
-        value = jnp.transpose(value, geo.dense_order(tuple(meta.shape), strides))
+    order = None if strides is None else geo.dense_order(tuple(meta.shape), strides)
+    if order is not None:
+        value = jnp.transpose(value, order)
     return value if keep_shape else value.reshape(-1)
 
 
