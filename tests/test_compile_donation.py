@@ -128,3 +128,21 @@ def test_donated_executable_aliases_the_overwritten_input(tmp_path):
     hlo = "".join(p.read_text() for p in tmp_path.glob("*.hlo.txt"))
     assert "input_output_alias" in hlo
     assert np.isfinite(x.cpu().numpy()).all()
+
+
+@pytest.mark.parametrize("written", ["source", "clone"])
+def test_a_lazy_clone_never_loses_its_value_to_a_donation(written):
+    @torch.compile(backend="tpu", options={"donate_buffers": True})
+    def bump(t):
+        t.add_(1)
+        return t.sum()
+
+    for _ in range(3):  # the first calls compile; later ones run the donating executable
+        source = torch.arange(4.0).to("tpu")
+        clone = source._lazy_clone()
+        target, other = (source, clone) if written == "source" else (clone, source)
+        assert bump(target).item() == 10.0
+        torch.testing.assert_close(other.cpu(), torch.arange(4.0))
+        torch.testing.assert_close(target.cpu(), torch.arange(4.0) + 1)
+    counters = torch_tpu.metrics.counters()
+    assert counters.get("donated_buffers", 0) + counters.get("donation_copies", 0) >= 1
