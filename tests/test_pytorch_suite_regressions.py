@@ -391,10 +391,19 @@ def _overlap_cases(device: str) -> list:
         lambda: torch.index_copy(y, 0, index, y[:3]),  # functional: nothing is written in place
         lambda: y[:3].index_copy_(0, index, y[3:]),  # disjoint halves of one storage
         lambda: torch.cat([grid, base], out=torch.empty(8, 6, device=device)),
+        lambda: index.index_add_(0, index.clone(), index),  # test_index_add_mem_overlap
+        lambda: y.put_(index, y[:3]),  # test_put_mem_overlap
+        lambda: y[:3].scatter_(0, index, y[:3]),  # test_scatter_mem_overlap
+        lambda: y.index_put_((index,), y[0]),  # test_index_put_mem_overlap
+        lambda: index.index_fill_(0, index, 0),  # test_index_fill_mem_overlap
+        lambda: y[:-1].mul_(y[1:]),  # an elementwise write (TensorIterator's rule): test_shift_mem_overlap
+        lambda: torch.add(y[1:], 1, out=y[:-1]),
+        lambda: y.add_(y),  # the whole of it: fine
+        lambda: y[3:].index_add_(0, torch.tensor([0, 1, 2], device=device), y[:3]),  # disjoint
     ]
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(16))
 def test_writes_overlapping_their_inputs_raise_as_cpu(case):
     # Was: no error (test_torch test_index_copy_mem_overlap), or a shape error (test_cat_out).
     def run(device):

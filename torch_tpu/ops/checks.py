@@ -216,7 +216,7 @@ def inplace_cast_check(op, check: Callable | None) -> Callable | None:
     return SignatureCheck(cast_check) if check is None or isinstance(check, SignatureCheck) else cast_check
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> str:
+def overlap(a: torch.Tensor, b: torch.Tensor) -> str:
     """CPU's get_overlap_status of two tensors: "full", "partial", "no" or "too hard"."""
     if a is b:
         return "full"
@@ -233,9 +233,10 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> str:
     return "partial" if a_begin < b_end and b_begin < a_end else "no"
 
 
-def check_no_overlap(written: torch.Tensor, read: torch.Tensor) -> None:
-    """CPU's assert_no_overlap: `written` must not share memory with `read`, in part or whole."""
-    if _overlap(written, read) in ("full", "partial"):
+def check_no_overlap(written: torch.Tensor, read: torch.Tensor, partial_only: bool = False) -> None:
+    """CPU's assert_no_overlap: `written` must not share memory with `read`, in part or whole
+    (`partial_only`: assert_no_partial_overlap, where sharing all of it is fine)."""
+    if overlap(written, read) in (("partial",) if partial_only else ("full", "partial")):
         raise RuntimeError(
             "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
             "single memory location. Please clone() the tensor before performing the operation."

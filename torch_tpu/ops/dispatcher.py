@@ -504,7 +504,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
     check = lowering.check
     if check is not None and derived and plan.out_names and not _takes_outs(check, plan.out_names):
         check = _without_outs(check, plan.out_set)
-    if derived and plan.mutable and lowering.apart_from:
+    if plan.mutable and lowering.apart_from:
         apart = _apart_check(plan, lowering.apart_from)
         check = apart if check is None else _both_checks(apart, check)
     if lowering.eager:
@@ -522,6 +522,10 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
         and not plan.out_names
         and (inplace or (not plan.mutable and plan.returns == [("fresh", 0)]))
     )
+
+    # CPU's TensorIterator rule for an elementwise write: no input may share part of its memory.
+    # (A partial overlap needs a view short of its whole buffer: the C++ path never takes those.)
+    elementwise = torch.Tag.pointwise in op.tags and bool(plan.mutable)
 
     def kernel(*args, **kwargs):
         if check is not None:
@@ -543,6 +547,8 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, cpu and tpu!"
             )
+        if elementwise:
+            _check_no_partial_overlap(written, bound)
         with storage_locks.held(written):  # read, run and swap: atomic per storage
             return run(args, kwargs, bound)
 
@@ -824,6 +830,14 @@ def _apart_check(plan: OpPlan, names: tuple[str, ...]) -> Callable:
                     check_no_overlap(written, other)
 
     return run
+
+
+def _check_no_partial_overlap(written: list, bound: list) -> None:
+    for arg in bound:
+        if isinstance(arg, torch.Tensor):
+            for w in written:
+                if w is not None and w is not arg:
+                    check_no_overlap(w, arg, partial_only=True)
 
 
 def _both_checks(first: Callable, second: Callable) -> Callable:

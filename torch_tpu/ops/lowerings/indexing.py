@@ -82,27 +82,27 @@ def _scatter(x, dim, index, src, how: str):
 _scatter_check = range_check(False)
 
 
-@lower(aten.scatter.src, check=_scatter_check)
+@lower(aten.scatter.src, check=_scatter_check, apart_from=("index", "src"))
 def scatter_src(x, dim, index, src):
     return _scatter(x, dim, index, src, "set")
 
 
-@lower(aten.scatter.value, check=_scatter_check, traced=("value",))
+@lower(aten.scatter.value, check=_scatter_check, traced=("value",), apart_from=("index",))
 def scatter_value(x, dim, index, value):
     return _scatter(x, dim, index, value, "set")
 
 
-@lower(aten.scatter.reduce, check=_scatter_check)
+@lower(aten.scatter.reduce, check=_scatter_check, apart_from=("index", "src"))
 def scatter_reduce_legacy(x, dim, index, src, *, reduce):
     return _scatter(x, dim, index, src, reduce)
 
 
-@lower(aten.scatter.value_reduce, check=_scatter_check, traced=("value",))
+@lower(aten.scatter.value_reduce, check=_scatter_check, traced=("value",), apart_from=("index",))
 def scatter_value_reduce(x, dim, index, value, *, reduce):
     return _scatter(x, dim, index, value, reduce)
 
 
-@lower(aten.scatter_add.default, check=_scatter_check)
+@lower(aten.scatter_add.default, check=_scatter_check, apart_from=("index", "src"))
 def scatter_add(x, dim, index, src):
     return _scatter(x, dim, index, src, "add")
 
@@ -120,7 +120,7 @@ def _identity(reduce: str, dtype):
     return jnp.array(info.min if reduce == "amax" else info.max, dtype)
 
 
-@lower(aten.scatter_reduce.two, check=_scatter_check)
+@lower(aten.scatter_reduce.two, check=_scatter_check, apart_from=("index", "src"))
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     shape = x.shape
     x, index, src = _at_least_1d(x, index, src)
@@ -265,6 +265,7 @@ def _integer_alpha(check: Check) -> Check:
 
 @lower(
     aten.index_add.default,
+    apart_from=("index", "source"),
     check=_integer_alpha(_argument_checks(_index_add_args, range_check(False))),
     traced=("alpha",),
 )
@@ -300,6 +301,7 @@ def _index_fill_scalar_host_check(self, dim, index, value, *args, **kwargs):
 @lower(
     aten.index_fill.int_Scalar,
     check=Check(_index_fill_scalar_host_check, _index_fill_check.graph),
+    apart_from=("index",),
     traced=("value",),
 )
 def index_fill(x, dim, index, value):
@@ -314,7 +316,11 @@ def _index_fill_tensor_host_check(self, dim, index, value, *args, **kwargs):
     return None
 
 
-@lower(aten.index_fill.int_Tensor, check=Check(_index_fill_tensor_host_check, _index_fill_check.graph))
+@lower(
+    aten.index_fill.int_Tensor,
+    check=Check(_index_fill_tensor_host_check, _index_fill_check.graph),
+    apart_from=("index",),
+)
 def index_fill_tensor(x, dim, index, value):
     return _index_update(x, dim, index, jnp.asarray(value).reshape(()), "set")
 
@@ -340,7 +346,7 @@ def take(x, index):
     return x.reshape(-1)[index]
 
 
-@lower(aten.put.default, check=_take_check)
+@lower(aten.put.default, check=_take_check, apart_from=("index", "source"))
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     src = source.reshape(-1).astype(x.dtype)
@@ -601,7 +607,13 @@ def _is_mask_put(self: torch.Tensor, indices, values: torch.Tensor) -> bool:
     return tuple(mask.shape) == tuple(self.shape[d : d + mask.dim()]) and values.dim() <= result_dims
 
 
-@lower(aten._index_put_impl_.default, eager=True, graph=put_values, check=Check(graph=index_failures))
+@lower(
+    aten._index_put_impl_.default,
+    eager=True,
+    graph=put_values,
+    check=Check(graph=index_failures),
+    apart_from=("indices", "values"),
+)
 def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     _warn_byte_indices(indices)
     masks = [i for i in indices if i is not None]
