@@ -418,3 +418,27 @@ def test_writes_overlapping_their_inputs_raise_as_cpu(case):
         assert tpu == cpu
     else:
         assert isinstance(tpu, torch.Tensor) and torch.equal(tpu, cpu)
+
+
+# ---- random values of reduced precision
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_uniform_of_reduced_precision_draws_in_float32_as_cpu(dtype):
+    # Was: drawn in the dtype itself, 256 distinct bfloat16 values in [-100, 100) where CPU's
+    # take about 1,400 (test_torch test_uniform_unique_values), and 1.0 in [0, 1).
+    wide = [torch.empty(10000, dtype=dtype, device=d).uniform_(-100, 100).unique().numel() for d in ("cpu", TPU)]
+    assert wide[1] > 0.8 * wide[0]
+    unit = torch.empty(100000, dtype=dtype, device=TPU).uniform_()
+    top = torch.nextafter(torch.tensor(1.0, dtype=dtype), torch.tensor(0.0, dtype=dtype))
+    assert unit.max().item() == top.item() and unit.min().item() >= 0
+
+
+def test_masked_scatter_mask_of_more_dims_raises_as_cpu():
+    # Was: jax's ValueError (test_torch test_broadcast_fn_masked_scatter).
+    def run(device):
+        mask = torch.ones(2, 1, 2, 1, dtype=torch.bool, device=device)
+        torch.zeros(1, device=device).masked_scatter_(mask, torch.ones(2, 1, 2, 1, device=device))
+
+    got, want = _raised(run, TPU), _raised(run, "cpu")
+    assert got[0] is want[0] is RuntimeError and got[1] == want[1].replace("CPUBoolType", "tpuBoolType")

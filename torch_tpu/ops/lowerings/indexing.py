@@ -447,6 +447,7 @@ def masked_scatter_(self, mask, source):
     if mask.dtype != torch.bool:
         dtype = type_name(mask.dtype)
         raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {dtype}")
+    mask.expand(self.shape)  # CPU's expand_inplace error for a mask of more dims (a view: nothing runs)
     if source.numel() < self.numel() and mask.dtype == torch.bool:
         mask = _same_device(self, mask)
         shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))

@@ -170,8 +170,17 @@ def uniform_(self, low=0.0, high=1.0, *, rng):
         parts = jax.random.uniform(rng, (*self.shape, 2), jnp.finfo(self.dtype).dtype, low, high)
         return lax.complex(parts[..., 0], parts[..., 1])
     if low == 0.0 and high == 1.0:
-        return jax.random.uniform(rng, self.shape, self.dtype)
-    return jax.random.uniform(rng, self.shape, self.dtype, low, high)
+        values = jax.random.uniform(rng, self.shape, opmath(self.dtype))
+    else:
+        values = jax.random.uniform(rng, self.shape, opmath(self.dtype), low, high)
+    if values.dtype == self.dtype:
+        return values
+    # Reduced precision draws in float32 and rounds, as CPU does (drawn in bfloat16, 10,000 values
+    # in [-100, 100) take 256 distinct values; CPU's about 1,400); a value rounded up to `high`
+    # becomes the one below it.
+    values = values.astype(self.dtype)
+    top = jnp.nextafter(jnp.asarray(high, self.dtype), jnp.asarray(low, self.dtype))
+    return jnp.where(values >= jnp.asarray(high, self.dtype), top, values) if low < high else values
 
 
 @_fill(aten.normal_.default)
