@@ -8,6 +8,7 @@
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/is_set_to_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
@@ -182,6 +183,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_", set_empty);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("_lazy_clone", lazy_clone);
+  m.impl("is_set_to", at::native::is_set_to);  // storage metadata only
   // Views reuse the metadata-only native kernels, so they alias storage.
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);

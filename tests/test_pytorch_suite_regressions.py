@@ -442,3 +442,48 @@ def test_masked_scatter_mask_of_more_dims_raises_as_cpu():
 
     got, want = _raised(run, TPU), _raised(run, "cpu")
     assert got[0] is want[0] is RuntimeError and got[1] == want[1].replace("CPUBoolType", "tpuBoolType")
+
+
+# ---- determinism alerts and small metadata ops
+
+
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda d: torch.histc(torch.tensor([], device=d), min=0, max=3),  # meta raises CUDA's alert
+        lambda d: torch.randn(4, 5, device=d).median(0),
+        lambda d: torch.zeros(10, device=d).put_(torch.tensor([0, 0], device=d), torch.tensor([0.0, 1.0], device=d)),
+        lambda d: torch.nn.functional.max_unpool1d(
+            torch.ones(1, 1, 2, device=d), torch.tensor([[[0, 1]]], device=d), 2
+        ),
+    ],
+    ids=["histc", "median", "put_", "max_unpool1d"],
+)
+def test_determinism_alerts_as_cpu(deterministic, fn):
+    # Was: histc/median raised CUDA's alerts, put_ raised none (test_torch test_nondeterministic_alert_*).
+    def outcome(device):
+        try:
+            fn(device)
+        except RuntimeError as error:
+            return str(error)
+        return None
+
+    assert outcome(TPU) == outcome("cpu")
+
+
+def test_is_set_to_and_local_scalar_dense_as_cpu():
+    # Was: is_set_to ran on CPU copies (always False); another message (test_torch test_is_set_to,
+    # test__local_scalar_dense_with_empty_tensor).
+    t1 = torch.empty(3, 4, device=TPU)
+    t3 = torch.tensor([], device=TPU).set_(t1)
+    assert t1.is_set_to(t3) and t3.is_set_to(t1)
+    assert not t1.is_set_to(torch.empty(3, 4, device=TPU)) and not t1.is_set_to(t1.view(4, 3))
+    with pytest.raises(RuntimeError, match="Empty tensor not supported"):
+        torch.ops.aten._local_scalar_dense(torch.randn(0, device=TPU))

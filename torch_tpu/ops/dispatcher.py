@@ -9,6 +9,7 @@ output shapes, dtypes and error checks.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import time
@@ -296,6 +297,10 @@ def _build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device
         meta_result = call_schema(plan.op, plan, meta_args)
     except Exception as meta_error:
         _raise_cpu_error(plan, lowering, template, meta_error)
+        # CPU ran the call without an error: the meta kernel's error was CUDA's determinism
+        # alert (histc, median), which XLA's deterministic kernels do not share.
+        with _no_determinism_alerts():
+            meta_result = call_schema(plan.op, plan, meta_args)
     if lowering.layout is not None:
         meta_result = lowering.layout(meta_args, meta_result)
     fresh_meta = _fresh_meta(plan, meta_result)
@@ -406,9 +411,24 @@ def _factory_device(bound: list) -> int:
     return _C._current_device()
 
 
-def _raise_cpu_error(plan: OpPlan, lowering: Lowering, template: list, meta_error: Exception):
+@contextlib.contextmanager
+def _no_determinism_alerts():
+    """Determinism alerts off (torch.use_deterministic_algorithms), for a meta kernel."""
+    if not torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+
+
+def _raise_cpu_error(plan: OpPlan, lowering: Lowering, template: list, meta_error: Exception) -> None:
     """Meta kernels (often Python refs) word errors differently from CPU: raise CPU's
-    own error for the same call on small CPU stand-ins, if it has one."""
+    own error for the same call on small CPU stand-ins, if it has one. Returns only for a
+    determinism alert CPU does not raise (meta kernels raise CUDA's on every device)."""
 
     def stand_in(slot):
         if isinstance(slot, _ScalarSlot):
@@ -428,6 +448,8 @@ def _raise_cpu_error(plan: OpPlan, lowering: Lowering, template: list, meta_erro
                 call_schema(plan.op, plan, args)
         except Exception as cpu_error:
             raise cpu_error from None
+        if "does not have a deterministic implementation" in str(meta_error):
+            return
     raise meta_error
 
 

@@ -112,6 +112,8 @@ def copy_from_and_resize(self, dst):
 
 @lower(aten._local_scalar_dense.default, eager=True)
 def local_scalar_dense(self):
+    if self.numel() == 0:
+        raise RuntimeError("Empty tensor not supported")  # (tensor.item() raises its own message first)
     metrics.bump("host_transfers")
     view = host_tier.view(self)
     return view.item() if view is not None else host_value(to_jax(self)).item()

@@ -20,6 +20,7 @@ import warnings
 import jax.numpy as jnp
 import torch
 from jax import lax
+from torch._prims_common import alert_not_deterministic
 
 from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
@@ -341,12 +342,21 @@ def _take_graph_check(x, index, *args, **kwargs) -> list[Failure]:
 _take_check = Check(_take_host_check, _take_graph_check)
 
 
+def _put_host_check(self, index, source, accumulate=False):
+    if not accumulate:  # duplicate indices: which write lands is unspecified (CPU alerts too)
+        alert_not_deterministic("put_")
+    _take_host_check(self, index)
+
+
+_put_check = Check(_put_host_check, _take_graph_check)
+
+
 @lower(aten.take.default, check=_take_check)
 def take(x, index):
     return x.reshape(-1)[index]
 
 
-@lower(aten.put.default, check=_take_check, apart_from=("index", "source"))
+@lower(aten.put.default, check=_put_check, apart_from=("index", "source"))
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     src = source.reshape(-1).astype(x.dtype)
