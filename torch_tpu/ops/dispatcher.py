@@ -840,7 +840,7 @@ def _takes_outs(check: Callable, out_names: list[str]) -> bool:
 
 
 def _apart_check(plan: OpPlan, names: tuple[str, ...]) -> Callable:
-    """The check that the tensors a derived form writes share no memory with arguments `names`."""
+    """The check that the tensors an in-place or out= form writes share no memory with arguments `names`."""
     read = [plan.arg_names.index(n) for n in names]
 
     def run(*args, **kwargs):
