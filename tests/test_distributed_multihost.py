@@ -162,11 +162,18 @@ def test_initialize_needs_its_peers_and_no_live_tensors(monkeypatch):
     assert not td.is_initialized() and alive.sum().item() == 2
 
 
-def test_a_process_dying_mid_spmd_program_makes_the_other_raise():
+def test_a_process_dying_mid_spmd_program_stops_the_other_with_a_clear_error():
+    # Rank 0 raises Gloo's error when its collective reads the dead peer's closed socket. Under a
+    # loaded CI machine it has also been seen to wait in the collective until jax's coordination
+    # service (in rank 0's process) missed rank 1's heartbeats and ended the process with its
+    # fatal message (SIGABRT). Either way it stops, and says why, instead of hanging.
+    started = time.monotonic()
     results = _launch("die_spmd", timeout=120)
     rc, out = results[0]
-    assert rc == 3 and "clear error: JaxRuntimeError" in out and "Gloo" in out, f"rank 0 (rc={rc}):\n{out[-4000:]}"
-    assert results[1][0] == 17
+    raised = rc == 3 and "clear error: JaxRuntimeError" in out and "Gloo" in out
+    ended = rc == -signal.SIGABRT and "the JAX distributed service detected fatal errors" in out
+    assert raised or ended, f"rank 0 (rc={rc}):\n{out[-4000:]}"
+    assert results[1][0] == 17 and time.monotonic() - started < 110
 
 
 # ---- the workers ----------------------------------------------------------------
