@@ -1,20 +1,84 @@
-"""Shared Pallas helpers: interpret mode on the CPU client, padding to block multiples."""
+"""Shared Pallas helpers: how a kernel is called on each platform, and Mosaic's block rules.
+
+Every kernel here is a TPU kernel. On TPU it compiles with Mosaic; elsewhere (the CPU client, a
+GPU) Pallas interprets the same kernel, an emulator for testing. `lowering_for_tpu()` makes the
+kernels lower for Mosaic whatever the client is, so any machine can check that they compile
+(python -m torch_tpu.kernels.check_lowering).
+
+Mosaic's rules the helpers keep:
+- the last two dims of every block divide by (8, 128) or equal the array's (`LANES`, `sublanes`);
+- 64-bit integers never reach a kernel: `call` traces it with x64 off, so index maps, grid
+  indices and scalars are int32 whatever the process's jax_enable_x64 says.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from torch_tpu.runtime import client
 
 # A finite "minus infinity": masked scores stay NaN-free even when a whole row is masked.
 NEG_INF = -1e30
+# Lanes of a TPU vector register: a block's last dim divides by this (or is the whole axis).
+LANES = 128
+PARALLEL, ARBITRARY = "parallel", "arbitrary"
+
+_force_mosaic: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_tpu_force_mosaic", default=False)
+_print_modules: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_tpu_print_modules", default=False)
+
+
+def compiled() -> bool:
+    """True where kernels compile with Mosaic (TPU, or inside `lowering_for_tpu()`), False where
+    Pallas interprets them."""
+    return _force_mosaic.get() or client.platform() == "tpu"
 
 
 def interpret() -> bool:
-    """Pallas kernels compile with Mosaic on TPU and Triton on GPU; the CPU client interprets them."""
-    return client.platform() == "cpu"
+    return not compiled()
+
+
+@contextlib.contextmanager
+def lowering_for_tpu(print_modules: bool = False) -> Iterator[None]:
+    """Kernels called inside lower with Mosaic, for `jax.jit(...).lower(lowering_platforms=("tpu",))`
+    on any machine; `print_modules`: Pallas prints each kernel's Mosaic module (its debug mode)."""
+    tokens = _force_mosaic.set(True), _print_modules.set(print_modules)
+    try:
+        yield
+    finally:
+        _force_mosaic.reset(tokens[0])
+        _print_modules.reset(tokens[1])
+
+
+def call(
+    kernel: Callable,
+    *,
+    grid_spec: pl.GridSpec,
+    out_shape,
+    semantics: Sequence[str],
+    name: str,
+) -> Callable:
+    """`pl.pallas_call` of `kernel`, compiled by Mosaic (with these grid dimension semantics) or
+    interpreted, and traced with 64-bit types off."""
+    if compiled():
+        params = dict(compiler_params=pltpu.CompilerParams(dimension_semantics=tuple(semantics)), interpret=False)
+    else:
+        params = dict(interpret=True)
+    fn = pl.pallas_call(
+        kernel, grid_spec=grid_spec, out_shape=out_shape, name=name, debug=_print_modules.get(), **params
+    )
+
+    def run(*args):
+        with jax.enable_x64(False):
+            return fn(*args)
+
+    return run
 
 
 def next_power_of_2(n: int) -> int:
@@ -25,10 +89,39 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def block_for(length: int, largest: int = 128, smallest: int = 16) -> int:
-    """A power-of-two block for an axis of `length`: at most `largest`, at least `smallest`
-    (Triton needs powers of two, Mosaic multiples of 8 or the whole padded axis)."""
-    return min(largest, max(smallest, next_power_of_2(length)))
+def sublanes(dtype) -> int:
+    """Rows of one packed vector register of `dtype`: a block's second-to-last dim divides by this."""
+    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
+
+
+def row_block(length: int, dtype, largest: int) -> int:
+    """A block along a row (second-to-last) axis: the padded axis if it is short, else `largest`."""
+    return min(largest, round_up(max(length, 1), sublanes(dtype)))
+
+
+def lane_block(length: int, largest: int) -> int:
+    """A block along an axis that becomes lanes in the kernel (keys): a multiple of LANES."""
+    return min(largest, round_up(max(length, 1), LANES))
+
+
+def lane_dim(dim: int) -> int:
+    """A feature dim as a kernel takes it: whole up to LANES, else padded to a multiple of LANES."""
+    return dim if dim <= LANES else round_up(dim, LANES)
+
+
+def to_lanes(x: jax.Array, width: int) -> jax.Array:
+    """(rows, LANES) values that repeat across lanes, as (rows, width)."""
+    if width % LANES == 0:
+        return x if width == LANES else jnp.tile(x, (1, width // LANES))
+    if width < LANES:
+        return x[:, :width]
+    raise ValueError(f"width {width} is neither below {LANES} nor a multiple of it")
+
+
+def across_lanes(x: jax.Array) -> jax.Array:
+    """(..., rows) as (..., rows, LANES), each value repeated across the lanes: how a kernel takes
+    per-row statistics (logsumexp, the backward's delta) without a sublane-to-lane transpose."""
+    return jnp.broadcast_to(x[..., None], (*x.shape, LANES))
 
 
 def pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
@@ -41,11 +134,7 @@ def pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     return jnp.pad(x, widths, constant_values=value)
 
 
-def scalar_spec() -> pl.BlockSpec:
-    """The whole of a small int32 table (group offsets, page indices) read with scalar loads:
-    SMEM under Mosaic, the plain whole-array block elsewhere."""
-    if client.platform() == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-
-        return pl.BlockSpec(memory_space=pltpu.SMEM)
-    return pl.BlockSpec()
+def compute_dtype(dtype):
+    """The dtype a kernel computes in: float16 as float32 (Mosaic's vector units take float32 and
+    bfloat16), others as given."""
+    return jnp.float32 if jnp.dtype(dtype) == jnp.float16 else dtype

@@ -4,6 +4,13 @@ backward that recomputes the attention probabilities block by block.
 Layout (batch, heads, seq, head_dim) like scaled_dot_product_attention. Key/value may have
 fewer heads than the query (grouped-query attention). `causal` masks as SDPA's is_causal does
 (query i sees keys j <= i). Sequence lengths that do not divide the block are padded and masked.
+
+The grid walks (batch, head, query block, key block) with the key blocks innermost: running
+max, denominator and output accumulate in VMEM scratch, so VMEM holds a few blocks whatever the
+sequence length. Causal blocks above the diagonal are skipped, and their index maps repeat the
+last block needed, so they cost no DMA. The backward runs two kernels: dq over (query block, key
+block), and dk/dv over (key block, query block) where the grouped query heads of one key head
+are walked inside the reduction, so dk and dv need no per-query-head copy.
 """
 
 from __future__ import annotations
@@ -16,237 +23,289 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from torch_tpu.kernels import _custom_ops, _pallas
+from torch_tpu.kernels._pallas import ARBITRARY, LANES, NEG_INF, PARALLEL
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
+# The largest block along a sequence: bigger blocks mean fewer grid steps (each ~0.35 us) and
+# fuller MXU passes; VMEM bounds them (see _Blocks).
+_MAX_BLOCK = 512
+
+_A_BT = (((1,), (1,)), ((), ()))  # a @ b.T
 
 
 def _dot_t(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ b.T in float32."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-
-
-def _t_dot(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a.T @ b in float32."""
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return lax.dot_general(a, b, _A_BT, preferred_element_type=jnp.float32)
 
 
 def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return lax.dot(a, b, preferred_element_type=jnp.float32)
 
 
-def _mask(rows: jax.Array, cols: jax.Array, q_len: int, kv_len: int, causal: bool) -> jax.Array:
-    valid = (cols < kv_len) & (rows < q_len)
+def _valid(q_block, kv_block, block_q: int, block_k: int, kv_len: int, kv_pad: int, causal: bool):
+    """The (block_q, block_k) mask of scores to keep, or None where every score is kept."""
+    valid = None
+    if kv_pad != kv_len:
+        cols = kv_block * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+        valid = cols < kv_len
     if causal:
-        valid &= cols <= rows
+        rows = q_block * block_q + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+        cols = kv_block * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+        valid = cols <= rows if valid is None else valid & (cols <= rows)
     return valid
+
+
+def _last_kv_block(q_block, block_q: int, block_k: int, num_kv_blocks: int):
+    """The last key block a causal query block sees."""
+    return jnp.minimum(lax.div((q_block + 1) * block_q - 1, block_k), num_kv_blocks - 1)
+
+
+def _first_q_block(kv_block, block_q: int, block_k: int):
+    """The first query block that sees a causal key block."""
+    return lax.div(kv_block * block_k, block_q)
 
 
 # ---- kernels ------------------------------------------------------------------
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, sm_scale, causal, block_k, q_len, kv_len):
-    block_q = q_ref.shape[0]
-    q_index = pl.program_id(2)
-    num_kv_blocks = k_ref.shape[0] // block_k
-    upper = num_kv_blocks
-    if causal:  # key blocks wholly after this query block's last row contribute nothing
-        upper = jnp.minimum(num_kv_blocks, ((q_index + 1) * block_q + block_k - 1) // block_k)
-    q = q_ref[...]
-    rows = q_index * block_q + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, sm_scale, causal, p):
+    i, j = pl.program_id(2), pl.program_id(3)
 
-    def body(j, carry):
-        m, denom, acc = carry
-        start = pl.multiple_of(j * block_k, block_k)
-        k = k_ref[pl.ds(start, block_k), :]
-        v = v_ref[pl.ds(start, block_k), :]
-        cols = start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
-        valid = _mask(rows, cols, q_len, kv_len, causal)
-        s = jnp.where(valid, _dot_t(q, k) * sm_scale, _pallas.NEG_INF)
-        m_new = jnp.maximum(m, s.max(axis=1))
-        p = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
-        alpha = jnp.exp(m - m_new)
-        denom_new = alpha * denom + p.sum(axis=1)
-        acc_new = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
-        return m_new, denom_new, acc_new
+    @pl.when(j == 0)
+    def _start():
+        m_scr[...] = jnp.full(m_scr.shape, -jnp.inf, jnp.float32)
+        l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-    init = (
-        jnp.full((block_q,), _pallas.NEG_INF, jnp.float32),
-        jnp.zeros((block_q,), jnp.float32),
-        jnp.zeros(o_ref.shape, jnp.float32),
-    )
-    m, denom, acc = lax.fori_loop(jnp.int32(0), jnp.asarray(upper, jnp.int32), body, init)
-    denom = jnp.where(denom == 0.0, 1.0, denom)  # padded rows
-    o_ref[...] = (acc / denom[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = m + jnp.log(denom)
+    def _step():
+        s = _dot_t(q_ref[...], k_ref[...]) * sm_scale
+        valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
+        if valid is not None:
+            s = jnp.where(valid, s, NEG_INF)
+        m_prev, l_prev = m_scr[...], l_scr[...]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])  # (block_q, LANES)
+        probs = jnp.exp(s - _pallas.to_lanes(m_next, p.block_k))
+        if valid is not None:
+            probs = jnp.where(valid, probs, 0.0)
+        alpha = jnp.exp(m_prev - m_next)
+        l_scr[...] = alpha * l_prev + jnp.sum(probs, axis=1)[:, None]
+        m_scr[...] = m_next
+        v = v_ref[...]
+        acc_scr[...] = acc_scr[...] * _pallas.to_lanes(alpha, p.dv) + _dot(probs.astype(v.dtype), v)
 
-
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, sm_scale, causal, block_k, q_len, kv_len):
-    block_q = q_ref.shape[0]
-    q_index = pl.program_id(2)
-    num_kv_blocks = k_ref.shape[0] // block_k
-    upper = num_kv_blocks
     if causal:
-        upper = jnp.minimum(num_kv_blocks, ((q_index + 1) * block_q + block_k - 1) // block_k)
-    q, do = q_ref[...], do_ref[...]
-    lse, delta = lse_ref[...], delta_ref[...]
-    rows = q_index * block_q + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+        pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
+    else:
+        _step()
 
-    def body(j, dq):
-        start = pl.multiple_of(j * block_k, block_k)
-        k = k_ref[pl.ds(start, block_k), :]
-        v = v_ref[pl.ds(start, block_k), :]
-        cols = start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
-        valid = _mask(rows, cols, q_len, kv_len, causal)
-        p = jnp.where(valid, jnp.exp(_dot_t(q, k) * sm_scale - lse[:, None]), 0.0)
-        ds = p * (_dot_t(do, v) - delta[:, None])
-        return dq + _dot(ds.astype(k.dtype), k)
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        denom = l_scr[...]
+        denom = jnp.where(denom == 0.0, 1.0, denom)
+        o_ref[...] = (acc_scr[...] * _pallas.to_lanes(1.0 / denom, p.dv)).astype(o_ref.dtype)
+        lse_ref[...] = m_scr[...] + jnp.log(denom)
 
-    dq = lax.fori_loop(jnp.int32(0), jnp.asarray(upper, jnp.int32), body, jnp.zeros(dq_ref.shape, jnp.float32))
-    dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
+
+def _probs_and_ds(q, k, v, do, lse, delta, valid, sm_scale, block_k):
+    """Recomputed probabilities and the score gradient (before sm_scale) of one block pair."""
+    probs = jnp.exp(_dot_t(q, k) * sm_scale - _pallas.to_lanes(lse, block_k))
+    if valid is not None:
+        probs = jnp.where(valid, probs, 0.0)
+    ds = probs * (_dot_t(do, v) - _pallas.to_lanes(delta, block_k))
+    return probs, ds
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_scr, *, sm_scale, causal, p):
+    i, j = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _start():
+        dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
+
+    def _step():
+        k = k_ref[...]
+        valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
+        _, ds = _probs_and_ds(
+            q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...], delta_ref[...], valid, sm_scale, p.block_k
+        )
+        dq_scr[...] += _dot(ds.astype(k.dtype), k)
+
+    if causal:
+        pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
+    else:
+        _step()
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        dq_ref[...] = (dq_scr[...] * sm_scale).astype(dq_ref.dtype)
 
 
 def _dkv_kernel(
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, sm_scale, causal, block_q, q_len, kv_len
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, sm_scale, causal, p
 ):
-    block_k = k_ref.shape[0]
-    kv_index = pl.program_id(2)
-    num_q_blocks = q_ref.shape[0] // block_q
-    lower = 0
-    if causal:  # query blocks wholly before this key block see none of it
-        lower = (kv_index * block_k) // block_q
-    k, v = k_ref[...], v_ref[...]
-    cols = kv_index * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+    # Grid (batch, key head, key block j, t): t walks the key head's query heads and query blocks.
+    j, t = pl.program_id(2), pl.program_id(3)
+    i = lax.rem(t, p.num_q_blocks)
 
-    def body(i, carry):
-        dk, dv = carry
-        start = pl.multiple_of(i * block_q, block_q)
-        q = q_ref[pl.ds(start, block_q), :]
-        do = do_ref[pl.ds(start, block_q), :]
-        lse = lse_ref[pl.ds(start, block_q)]
-        delta = delta_ref[pl.ds(start, block_q)]
-        rows = start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
-        valid = _mask(rows, cols, q_len, kv_len, causal)
-        p = jnp.where(valid, jnp.exp(_dot_t(q, k) * sm_scale - lse[:, None]), 0.0)
-        dv = dv + _t_dot(p.astype(do.dtype), do)
-        ds = p * (_dot_t(do, v) - delta[:, None])
-        dk = dk + _t_dot(ds.astype(q.dtype), q)
-        return dk, dv
+    @pl.when(t == 0)
+    def _start():
+        dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
+        dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
 
-    init = (jnp.zeros(dk_ref.shape, jnp.float32), jnp.zeros(dv_ref.shape, jnp.float32))
-    dk, dv = lax.fori_loop(jnp.asarray(lower, jnp.int32), jnp.int32(num_q_blocks), body, init)
-    dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    def _step():
+        q, do = q_ref[...], do_ref[...]
+        valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
+        probs, ds = _probs_and_ds(
+            q, k_ref[...], v_ref[...], do, lse_ref[...], delta_ref[...], valid, sm_scale, p.block_k
+        )
+        dv_scr[...] += _dot(probs.T.astype(do.dtype), do)
+        dk_scr[...] += _dot(ds.T.astype(q.dtype), q)
+
+    if causal:
+        pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
+    else:
+        _step()
+
+    @pl.when(t == pl.num_programs(3) - 1)
+    def _finish():
+        dk_ref[...] = (dk_scr[...] * sm_scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
 
 
 # ---- jax entry points -----------------------------------------------------------
 
 
-class _Padded:
-    """Block sizes and padded extents of one attention problem."""
+class _Blocks:
+    """Block sizes and padded extents of one attention problem (static: shapes and dtype)."""
 
-    def __init__(self, q_shape, k_shape, v_shape):
+    def __init__(self, q_shape, k_shape, v_shape, dtype):
         self.batch, self.heads, self.q_len, self.head_dim = q_shape
         self.kv_heads, self.kv_len, self.v_dim = k_shape[1], k_shape[2], v_shape[3]
         self.group = self.heads // self.kv_heads
-        self.block_q = _pallas.block_for(self.q_len)
-        self.block_k = _pallas.block_for(self.kv_len)
+        self.d = _pallas.lane_dim(self.head_dim)
+        self.dv = _pallas.lane_dim(self.v_dim)
+        # Wide float32 rows take half the block: a block pair's operands and scores stay in VMEM.
+        largest = _MAX_BLOCK if max(self.d, self.dv) * jnp.dtype(dtype).itemsize <= 256 else _MAX_BLOCK // 2
+        self.block_q = _pallas.row_block(self.q_len, dtype, largest)
+        self.block_k = _pallas.lane_block(self.kv_len, largest)
         self.q_pad = _pallas.round_up(self.q_len, self.block_q)
         self.kv_pad = _pallas.round_up(self.kv_len, self.block_k)
-        self.d_pad = _pallas.block_for(self.head_dim, largest=1 << 30)
-        self.dv_pad = _pallas.block_for(self.v_dim, largest=1 << 30)
+        self.num_q_blocks = self.q_pad // self.block_q
+        self.num_kv_blocks = self.kv_pad // self.block_k
 
-    def q(self, x):  # (B, H, L, D) -> padded
-        return _pallas.pad_to(_pallas.pad_to(x, 2, self.q_pad), 3, self.d_pad)
+    def q(self, x, dim):  # (B, H, L, D) -> padded
+        return _pallas.pad_to(_pallas.pad_to(x, 2, self.q_pad), 3, dim)
 
     def kv(self, x, dim):
         return _pallas.pad_to(_pallas.pad_to(x, 2, self.kv_pad), 3, dim)
 
-    def q_spec(self, dim):
-        return pl.BlockSpec((None, None, self.block_q, dim), lambda b, h, i: (b, h, i, 0))
+    def kv_index(self, i, j, causal: bool):
+        """The key block a (query block i, key block j) step reads: past a causal query block's
+        last key block, that last block again (no new DMA)."""
+        return jnp.minimum(j, _last_kv_block(i, self.block_q, self.block_k, self.num_kv_blocks)) if causal else j
 
-    def q_row_spec(self):
-        return pl.BlockSpec((None, None, self.block_q), lambda b, h, i: (b, h, i))
+    def q_index(self, i, j, causal: bool):
+        """The query block a (key block j, query block i) step reads: before a causal key block's
+        first query block, that first block (no new DMA)."""
+        return jnp.maximum(i, _first_q_block(j, self.block_q, self.block_k)) if causal else i
 
-    def kv_full_spec(self, dim):
-        group = self.group
-        return pl.BlockSpec((None, None, self.kv_pad, dim), lambda b, h, i: (b, h // group, 0, 0))
+
+def _scratch(rows: int, width: int):
+    return pltpu.VMEM((rows, width), jnp.float32)
+
+
+def _as_computed(*xs):
+    dtype = _pallas.compute_dtype(xs[0].dtype)
+    return tuple(x.astype(dtype) for x in xs)
 
 
 def flash_attention_forward(q, k, v, causal: bool, sm_scale: float):
     """(out, logsumexp) for q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv); logsumexp is float32 (B, H, L)."""
-    p = _Padded(q.shape, k.shape, v.shape)
-    kernel = functools.partial(
-        _fwd_kernel, sm_scale=sm_scale, causal=causal, block_k=p.block_k, q_len=p.q_len, kv_len=p.kv_len
+    out_dtype = q.dtype
+    q, k, v = _as_computed(q, k, v)
+    p = _Blocks(q.shape, k.shape, v.shape, q.dtype)
+    group = p.group
+    q_spec = pl.BlockSpec((None, None, p.block_q, p.d), lambda b, h, i, j: (b, h, i, 0))
+    kv_spec = lambda dim: pl.BlockSpec(
+        (None, None, p.block_k, dim), lambda b, h, i, j: (b, h // group, p.kv_index(i, j, causal), 0)
     )
-    out, lse = pl.pallas_call(
-        kernel,
-        grid=(p.batch, p.heads, p.q_pad // p.block_q),
-        in_specs=[p.q_spec(p.d_pad), p.kv_full_spec(p.d_pad), p.kv_full_spec(p.dv_pad)],
-        out_specs=[p.q_spec(p.dv_pad), p.q_row_spec()],
+    out_spec = pl.BlockSpec((None, None, p.block_q, p.dv), lambda b, h, i, j: (b, h, i, 0))
+    rows_spec = pl.BlockSpec((None, None, p.block_q, LANES), lambda b, h, i, j: (b, h, i, 0))
+    grid_spec = pl.GridSpec(
+        grid=(p.batch, p.heads, p.num_q_blocks, p.num_kv_blocks),
+        in_specs=[q_spec, kv_spec(p.d), kv_spec(p.dv)],
+        out_specs=[out_spec, rows_spec],
+        scratch_shapes=[_scratch(p.block_q, LANES), _scratch(p.block_q, LANES), _scratch(p.block_q, p.dv)],
+    )
+    out, lse = _pallas.call(
+        functools.partial(_fwd_kernel, sm_scale=sm_scale, causal=causal, p=p),
+        grid_spec=grid_spec,
         out_shape=[
-            jax.ShapeDtypeStruct((p.batch, p.heads, p.q_pad, p.dv_pad), q.dtype),
-            jax.ShapeDtypeStruct((p.batch, p.heads, p.q_pad), jnp.float32),
+            jax.ShapeDtypeStruct((p.batch, p.heads, p.q_pad, p.dv), q.dtype),
+            jax.ShapeDtypeStruct((p.batch, p.heads, p.q_pad, LANES), jnp.float32),
         ],
-        interpret=_pallas.interpret(),
+        semantics=(PARALLEL, PARALLEL, PARALLEL, ARBITRARY),
         name="flash_attention_fwd",
-    )(p.q(q), p.kv(k, p.d_pad), p.kv(v, p.dv_pad))
-    return out[:, :, : p.q_len, : p.v_dim], lse[:, :, : p.q_len]
+    )(p.q(q, p.d), p.kv(k, p.d), p.kv(v, p.dv))
+    return out[:, :, : p.q_len, : p.v_dim].astype(out_dtype), lse[:, :, : p.q_len, 0]
 
 
 def flash_attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: float):
     """(dq, dk, dv) of flash_attention_forward, recomputing the probabilities from `lse`."""
-    p = _Padded(q.shape, k.shape, v.shape)
+    dtypes = (q.dtype, k.dtype, v.dtype)
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    qp, kp, vp = p.q(q), p.kv(k, p.d_pad), p.kv(v, p.dv_pad)
-    dop = _pallas.pad_to(_pallas.pad_to(dout.astype(q.dtype), 2, p.q_pad), 3, p.dv_pad)
-    lsep, deltap = _pallas.pad_to(lse, 2, p.q_pad), _pallas.pad_to(delta, 2, p.q_pad)
-    common = dict(sm_scale=sm_scale, causal=causal, q_len=p.q_len, kv_len=p.kv_len)
-    interpret = _pallas.interpret()
+    q, k, v, dout = _as_computed(q, k, v, dout)
+    p = _Blocks(q.shape, k.shape, v.shape, q.dtype)
+    qp, kp, vp, dop = p.q(q, p.d), p.kv(k, p.d), p.kv(v, p.dv), p.q(dout, p.dv)
+    lsep = _pallas.across_lanes(_pallas.pad_to(lse.astype(jnp.float32), 2, p.q_pad))
+    deltap = _pallas.across_lanes(_pallas.pad_to(delta, 2, p.q_pad))
+    group, num_q_blocks = p.group, p.num_q_blocks
 
-    dq = pl.pallas_call(
-        functools.partial(_dq_kernel, block_k=p.block_k, **common),
-        grid=(p.batch, p.heads, p.q_pad // p.block_q),
-        in_specs=[
-            p.q_spec(p.d_pad),
-            p.kv_full_spec(p.d_pad),
-            p.kv_full_spec(p.dv_pad),
-            p.q_spec(p.dv_pad),
-            p.q_row_spec(),
-            p.q_row_spec(),
-        ],
-        out_specs=p.q_spec(p.d_pad),
+    # dq: grid (batch, head, query block i, key block j).
+    q_spec = lambda dim: pl.BlockSpec((None, None, p.block_q, dim), lambda b, h, i, j: (b, h, i, 0))
+    kv_spec = lambda dim: pl.BlockSpec(
+        (None, None, p.block_k, dim), lambda b, h, i, j: (b, h // group, p.kv_index(i, j, causal), 0)
+    )
+    dq = _pallas.call(
+        functools.partial(_dq_kernel, sm_scale=sm_scale, causal=causal, p=p),
+        grid_spec=pl.GridSpec(
+            grid=(p.batch, p.heads, p.num_q_blocks, p.num_kv_blocks),
+            in_specs=[q_spec(p.d), kv_spec(p.d), kv_spec(p.dv), q_spec(p.dv), q_spec(LANES), q_spec(LANES)],
+            out_specs=q_spec(p.d),
+            scratch_shapes=[_scratch(p.block_q, p.d)],
+        ),
         out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
-        interpret=interpret,
+        semantics=(PARALLEL, PARALLEL, PARALLEL, ARBITRARY),
         name="flash_attention_dq",
     )(qp, kp, vp, dop, lsep, deltap)
 
-    group = p.group
-    q_full = lambda dim: pl.BlockSpec((None, None, p.q_pad, dim), lambda b, h, j: (b, h, 0, 0))
-    kv_block = lambda dim: pl.BlockSpec((None, None, p.block_k, dim), lambda b, h, j: (b, h // group, j, 0))
-    per_head = lambda dim: pl.BlockSpec((None, None, p.block_k, dim), lambda b, h, j: (b, h, j, 0))
-    rows_full = pl.BlockSpec((None, None, p.q_pad), lambda b, h, j: (b, h, 0))
-    # One dk/dv per query head (float32), summed over each key head's group below.
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, block_q=p.block_q, **common),
-        grid=(p.batch, p.heads, p.kv_pad // p.block_k),
-        in_specs=[q_full(p.d_pad), kv_block(p.d_pad), kv_block(p.dv_pad), q_full(p.dv_pad), rows_full, rows_full],
-        out_specs=[per_head(p.d_pad), per_head(p.dv_pad)],
-        out_shape=[
-            jax.ShapeDtypeStruct((p.batch, p.heads, p.kv_pad, p.d_pad), jnp.float32),
-            jax.ShapeDtypeStruct((p.batch, p.heads, p.kv_pad, p.dv_pad), jnp.float32),
-        ],
-        interpret=interpret,
+    # dk, dv: grid (batch, key head g, key block j, t), t = query head in the group * blocks + query block.
+    def q_of(b, g, j, t):
+        return (b, g * group + lax.div(t, num_q_blocks), p.q_index(lax.rem(t, num_q_blocks), j, causal), 0)
+
+    rows_of = lambda dim: pl.BlockSpec((None, None, p.block_q, dim), q_of)
+    kv_own = lambda dim: pl.BlockSpec((None, None, p.block_k, dim), lambda b, g, j, t: (b, g, j, 0))
+    dk, dv = _pallas.call(
+        functools.partial(_dkv_kernel, sm_scale=sm_scale, causal=causal, p=p),
+        grid_spec=pl.GridSpec(
+            grid=(p.batch, p.kv_heads, p.num_kv_blocks, group * num_q_blocks),
+            in_specs=[rows_of(p.d), kv_own(p.d), kv_own(p.dv), rows_of(p.dv), rows_of(LANES), rows_of(LANES)],
+            out_specs=[kv_own(p.d), kv_own(p.dv)],
+            scratch_shapes=[_scratch(p.block_k, p.d), _scratch(p.block_k, p.dv)],
+        ),
+        out_shape=[jax.ShapeDtypeStruct(kp.shape, k.dtype), jax.ShapeDtypeStruct(vp.shape, v.dtype)],
+        semantics=(PARALLEL, PARALLEL, PARALLEL, ARBITRARY),
         name="flash_attention_dkv",
     )(qp, kp, vp, dop, lsep, deltap)
 
-    def per_kv_head(x, dim):
-        x = x.reshape(p.batch, p.kv_heads, p.group, p.kv_pad, x.shape[-1]).sum(axis=2)
-        return x[:, :, : p.kv_len, :dim].astype(k.dtype)
-
-    return dq[:, :, : p.q_len, : p.head_dim], per_kv_head(dk, p.head_dim), per_kv_head(dv, p.v_dim)
+    return (
+        dq[:, :, : p.q_len, : p.head_dim].astype(dtypes[0]),
+        dk[:, :, : p.kv_len, : p.head_dim].astype(dtypes[1]),
+        dv[:, :, : p.kv_len, : p.v_dim].astype(dtypes[2]),
+    )
 
 
 # ---- torch ops -------------------------------------------------------------------

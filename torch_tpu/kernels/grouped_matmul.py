@@ -4,6 +4,13 @@ gmm(lhs [m, k], rhs [groups, k, n], group_sizes [groups]) multiplies the rows of
 group g (rows are sorted by group: group g owns the next group_sizes[g] rows) by rhs[g].
 tgmm(lhs [m, k], grad [m, n], group_sizes) gives each group's lhs_g.T @ grad_g, [groups, k, n]:
 the rhs gradient. Rows past sum(group_sizes) belong to no group: their output is zero.
+
+Both walk a list of *visits*, (row tile, group) pairs in row order: a row tile is visited once
+for each group its rows touch, so a tile straddling a group boundary is visited twice and every
+visit streams only its own group's rhs block. The list is computed on device from group_sizes
+and reaches the kernels by scalar prefetch (SMEM); its static length is tiles + groups - 1, the
+most visits any group_sizes can need, and visits past the real ones repeat the last one
+without computing. Consecutive visits of one output block accumulate in VMEM scratch.
 """
 
 from __future__ import annotations
@@ -13,114 +20,170 @@ import functools
 import jax
 import jax.numpy as jnp
 import torch
-from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from torch_tpu.kernels import _custom_ops, _pallas
+from torch_tpu.kernels._pallas import ARBITRARY, PARALLEL
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MAX_BLOCK = 512
 
 
-def _offsets(group_sizes: jax.Array) -> jax.Array:
-    """[0, cumsum(group_sizes)...] as int32: group g owns rows offsets[g]:offsets[g + 1]."""
+def _whole_or(length: int, largest: int, multiple: int) -> int:
+    """A block for an axis: the whole axis if it is short (Mosaic takes any whole axis), else `largest`."""
+    return length if length <= largest else largest - largest % multiple
+
+
+class _Tiles:
+    """Blocks, padded extents and the visit count of one grouped matmul (static)."""
+
+    def __init__(self, m: int, k: int, n: int, groups: int, dtype):
+        self.m, self.k, self.n, self.groups = m, k, n, groups
+        self.block_m = _pallas.row_block(m, dtype, _MAX_BLOCK)
+        self.block_k = _whole_or(k, _MAX_BLOCK, _pallas.LANES)
+        self.block_n = _whole_or(n, _MAX_BLOCK, _pallas.LANES)
+        self.m_pad = _pallas.round_up(m, self.block_m)
+        self.k_pad = _pallas.round_up(k, self.block_k)
+        self.n_pad = _pallas.round_up(n, self.block_n)
+        self.num_tiles = self.m_pad // self.block_m
+        self.num_visits = self.num_tiles + groups - 1
+
+
+def _visits(group_sizes: jax.Array, t: _Tiles):
+    """(tile, group, offsets, count): the visits' row tiles and groups (int32 [num_visits], the
+    unused tail repeating the last visit), group row offsets (int32 [groups + 1]) and the number
+    of real visits (int32 [1])."""
     sizes = group_sizes.astype(jnp.int32)
-    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sizes, dtype=jnp.int32)])
+    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sizes, dtype=jnp.int32)])
+    starts = jnp.arange(t.num_tiles, dtype=jnp.int32) * t.block_m
+    # The groups a tile's rows touch form one range first..last (rows past the groups: the last group).
+    first = jnp.searchsorted(offsets[1:], starts, side="right").astype(jnp.int32)
+    last = jnp.searchsorted(offsets[1:], starts + t.block_m - 1, side="right").astype(jnp.int32)
+    first, last = jnp.minimum(first, t.groups - 1), jnp.minimum(last, t.groups - 1)
+    per_tile = last - first + 1
+    ends = jnp.cumsum(per_tile, dtype=jnp.int32)
+    count = ends[-1]
+    visit = jnp.minimum(jnp.arange(t.num_visits, dtype=jnp.int32), count - 1)
+    tile = jnp.searchsorted(ends, visit, side="right").astype(jnp.int32)
+    group = first[tile] + visit - (ends[tile] - per_tile[tile])
+    return tile, group, offsets, count.reshape(1)
 
 
-def _gmm_kernel(offsets_ref, first_ref, last_ref, lhs_ref, rhs_ref, out_ref):
-    block_m = lhs_ref.shape[0]
-    tile = pl.program_id(0)
-    lhs = lhs_ref[...]
-    rows = tile * block_m + lax.broadcasted_iota(jnp.int32, out_ref.shape, 0)
-
-    def body(g, acc):
-        in_group = (rows >= offsets_ref[g]) & (rows < offsets_ref[g + 1])
-        product = lax.dot_general(lhs, rhs_ref[g], (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        return acc + jnp.where(in_group, product, 0.0)
-
-    acc = lax.fori_loop(first_ref[tile], last_ref[tile] + 1, body, jnp.zeros(out_ref.shape, jnp.float32))
-    out_ref[...] = acc.astype(out_ref.dtype)
+def _rows_of_group(tile, group, offsets_ref, shape, block_m: int):
+    rows = tile * block_m + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    return (rows >= offsets_ref[group]) & (rows < offsets_ref[group + 1])
 
 
-def _tgmm_kernel(offsets_ref, lhs_ref, grad_ref, out_ref, *, block_m):
-    group = pl.program_id(0)
-    start, end = offsets_ref[group], offsets_ref[group + 1]
+def _gmm_kernel(tile_ref, group_ref, offsets_ref, count_ref, lhs_ref, rhs_ref, out_ref, acc_scr, *, t: _Tiles):
+    v, kk = pl.program_id(1), pl.program_id(2)
+    last_visit, last_k = pl.num_programs(1) - 1, pl.num_programs(2) - 1
+    tile = tile_ref[v]
+    starts_tile = (v == 0) | (tile_ref[jnp.maximum(v - 1, 0)] != tile)
+    ends_tile = (v == last_visit) | (tile_ref[jnp.minimum(v + 1, last_visit)] != tile)
 
-    def body(tile, acc):
-        first_row = pl.multiple_of(tile * block_m, block_m)
-        rows = first_row + lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
-        x = lhs_ref[pl.ds(first_row, block_m), :]
-        x = jnp.where((rows >= start) & (rows < end), x, jnp.zeros_like(x))
-        y = grad_ref[pl.ds(first_row, block_m), :]
-        return acc + lax.dot_general(x, y, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    @pl.when(starts_tile & (kk == 0))
+    def _start():
+        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-    acc = lax.fori_loop(start // block_m, (end + block_m - 1) // block_m, body, jnp.zeros(out_ref.shape, jnp.float32))
-    out_ref[...] = acc.astype(out_ref.dtype)
+    @pl.when(v < count_ref[0])
+    def _step():
+        lhs = lhs_ref[...]
+        mine = _rows_of_group(tile, group_ref[v], offsets_ref, lhs.shape, t.block_m)
+        lhs = jnp.where(mine, lhs, jnp.zeros_like(lhs))
+        acc_scr[...] += jax.lax.dot(lhs, rhs_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(ends_tile & (kk == last_k))
+    def _finish():
+        out_ref[...] = acc_scr[...].astype(out_ref.dtype)
 
 
-def _blocks(m: int, k: int, n: int):
-    block_m, block_n = _pallas.block_for(m), _pallas.block_for(n)
-    return (
-        block_m,
-        block_n,
-        _pallas.round_up(m, block_m),
-        _pallas.block_for(k, largest=1 << 30),
-        _pallas.round_up(n, block_n),
-    )
+def _tgmm_kernel(tile_ref, group_ref, offsets_ref, count_ref, lhs_ref, grad_ref, out_ref, acc_scr, *, t: _Tiles):
+    v = pl.program_id(2)
+    last_visit = pl.num_programs(2) - 1
+    group = group_ref[v]
+    starts_group = (v == 0) | (group_ref[jnp.maximum(v - 1, 0)] != group)
+    ends_group = (v == last_visit) | (group_ref[jnp.minimum(v + 1, last_visit)] != group)
+
+    @pl.when(starts_group)
+    def _start():
+        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+    @pl.when(v < count_ref[0])
+    def _step():
+        lhs = lhs_ref[...]
+        mine = _rows_of_group(tile_ref[v], group, offsets_ref, lhs.shape, t.block_m)
+        lhs = jnp.where(mine, lhs, jnp.zeros_like(lhs))
+        acc_scr[...] += jax.lax.dot(lhs.T, grad_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(ends_group)
+    def _finish():
+        out_ref[...] = acc_scr[...].astype(out_ref.dtype)
+
+
+def _as_computed(*xs):
+    dtype = _pallas.compute_dtype(xs[0].dtype)
+    return tuple(x.astype(dtype) for x in xs)
 
 
 def gmm_jax(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """The grouped matmul on jax arrays: [m, k] x [groups, k, n] -> [m, n]."""
+    out_dtype = lhs.dtype
+    lhs, rhs = _as_computed(lhs, rhs)
     (m, k), (groups, _, n) = lhs.shape, rhs.shape
-    block_m, block_n, m_pad, k_pad, n_pad = _blocks(m, k, n)
-    offsets = _offsets(group_sizes)
-    num_tiles = m_pad // block_m
-    tile_starts = jnp.arange(num_tiles, dtype=jnp.int32) * block_m
-    # The groups each row tile overlaps form one contiguous range first..last.
-    first = jnp.searchsorted(offsets[1:], tile_starts, side="right").astype(jnp.int32)
-    last = jnp.searchsorted(offsets[1:], tile_starts + block_m - 1, side="right").astype(jnp.int32)
-    first, last = jnp.minimum(first, groups - 1), jnp.minimum(last, groups - 1)
-    lhs_p = _pallas.pad_to(_pallas.pad_to(lhs, 0, m_pad), 1, k_pad)
-    rhs_p = _pallas.pad_to(_pallas.pad_to(rhs, 1, k_pad), 2, n_pad)
-    scalars = _pallas.scalar_spec()
-    out = pl.pallas_call(
-        _gmm_kernel,
-        grid=(num_tiles, n_pad // block_n),
+    t = _Tiles(m, k, n, groups, lhs.dtype)
+    tile, group, offsets, count = _visits(group_sizes, t)
+    lhs_p = _pallas.pad_to(_pallas.pad_to(lhs, 0, t.m_pad), 1, t.k_pad)
+    rhs_p = _pallas.pad_to(_pallas.pad_to(rhs, 1, t.k_pad), 2, t.n_pad)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=4,
+        grid=(t.n_pad // t.block_n, t.num_visits, t.k_pad // t.block_k),
         in_specs=[
-            scalars,
-            scalars,
-            scalars,
-            pl.BlockSpec((block_m, k_pad), lambda i, j: (i, 0)),
-            pl.BlockSpec((groups, k_pad, block_n), lambda i, j: (0, 0, j)),
+            pl.BlockSpec((t.block_m, t.block_k), lambda j, v, kk, tile, group, *_: (tile[v], kk)),
+            pl.BlockSpec((None, t.block_k, t.block_n), lambda j, v, kk, tile, group, *_: (group[v], kk, j)),
         ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m_pad, n_pad), lhs.dtype),
-        interpret=_pallas.interpret(),
+        out_specs=pl.BlockSpec((t.block_m, t.block_n), lambda j, v, kk, tile, group, *_: (tile[v], j)),
+        scratch_shapes=[pltpu.VMEM((t.block_m, t.block_n), jnp.float32)],
+    )
+    out = _pallas.call(
+        functools.partial(_gmm_kernel, t=t),
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct((t.m_pad, t.n_pad), lhs.dtype),
+        semantics=(PARALLEL, ARBITRARY, ARBITRARY),
         name="gmm",
-    )(offsets, first, last, lhs_p, rhs_p)
-    return out[:m, :n]
+    )(tile, group, offsets, count, lhs_p, rhs_p)
+    return out[:m, :n].astype(out_dtype)
 
 
 def tgmm_jax(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """Per group lhs_g.T @ grad_g on jax arrays: [m, k], [m, n] -> [groups, k, n]."""
+    out_dtype = lhs.dtype
+    lhs, grad = _as_computed(lhs, grad.astype(lhs.dtype))
     (m, k), n, groups = lhs.shape, grad.shape[1], group_sizes.shape[0]
-    block_m, block_n, m_pad, k_pad, n_pad = _blocks(m, k, n)
-    lhs_p = _pallas.pad_to(_pallas.pad_to(lhs, 0, m_pad), 1, k_pad)
-    grad_p = _pallas.pad_to(_pallas.pad_to(grad.astype(lhs.dtype), 0, m_pad), 1, n_pad)
-    out = pl.pallas_call(
-        functools.partial(_tgmm_kernel, block_m=block_m),
-        grid=(groups, n_pad // block_n),
+    t = _Tiles(m, k, n, groups, lhs.dtype)
+    tile, group, offsets, count = _visits(group_sizes, t)
+    lhs_p = _pallas.pad_to(_pallas.pad_to(lhs, 0, t.m_pad), 1, t.k_pad)
+    grad_p = _pallas.pad_to(_pallas.pad_to(grad, 0, t.m_pad), 1, t.n_pad)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=4,
+        grid=(t.k_pad // t.block_k, t.n_pad // t.block_n, t.num_visits),
         in_specs=[
-            _pallas.scalar_spec(),
-            pl.BlockSpec((m_pad, k_pad), lambda g, j: (0, 0)),
-            pl.BlockSpec((m_pad, block_n), lambda g, j: (0, j)),
+            pl.BlockSpec((t.block_m, t.block_k), lambda kk, j, v, tile, group, *_: (tile[v], kk)),
+            pl.BlockSpec((t.block_m, t.block_n), lambda kk, j, v, tile, group, *_: (tile[v], j)),
         ],
-        out_specs=pl.BlockSpec((None, k_pad, block_n), lambda g, j: (g, 0, j)),
-        out_shape=jax.ShapeDtypeStruct((groups, k_pad, n_pad), lhs.dtype),
-        interpret=_pallas.interpret(),
+        out_specs=pl.BlockSpec((None, t.block_k, t.block_n), lambda kk, j, v, tile, group, *_: (group[v], kk, j)),
+        scratch_shapes=[pltpu.VMEM((t.block_k, t.block_n), jnp.float32)],
+    )
+    out = _pallas.call(
+        functools.partial(_tgmm_kernel, t=t),
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct((groups, t.k_pad, t.n_pad), lhs.dtype),
+        semantics=(PARALLEL, PARALLEL, ARBITRARY),
         name="tgmm",
-    )(_offsets(group_sizes), lhs_p, grad_p)
-    return out[:, :k, :n]
+    )(tile, group, offsets, count, lhs_p, grad_p)
+    # A group no visit reaches (empty, past every row) was never written: its gradient is zero.
+    out = jnp.where((group_sizes > 0)[:, None, None], out[:, :k, :n], 0)
+    return out.astype(out_dtype)
 
 
 def _gmm_fake(lhs, rhs, group_sizes):

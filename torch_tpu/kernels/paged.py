@@ -6,8 +6,10 @@ Layouts (as jax.experimental.pallas.ops.tpu.paged_attention):
   v_pages      [kv_heads, total_pages, page_size, head_dim]
   lengths      [batch] int32                       tokens cached per sequence
   page_indices [batch, pages_per_sequence] int32   the pages of each sequence, in order
-heads must be a multiple of kv_heads (grouped-query attention). The kernel visits only the
-ceil(length / page_size) pages each sequence uses.
+heads must be a multiple of kv_heads (grouped-query attention). The grid walks (sequence, key
+head, page): each step's page comes from the page table (scalar prefetch) straight into VMEM,
+and the steps past a sequence's ceil(length / page_size) pages repeat its last page without
+computing, so they cost no DMA. Pages hold at most 128 tokens or a multiple of 128.
 """
 
 from __future__ import annotations
@@ -20,64 +22,92 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from torch_tpu.kernels import _custom_ops, _pallas
+from torch_tpu.kernels._pallas import ARBITRARY, LANES, NEG_INF, PARALLEL
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _paged_kernel(lengths_ref, page_indices_ref, q_ref, k_ref, v_ref, o_ref, *, sm_scale, page_size):
-    b = pl.program_id(0)
+def _paged_kernel(lengths_ref, pages_ref, q_ref, k_ref, v_ref, o_ref, m_scr, l_scr, acc_scr, *, sm_scale, page_size, d):
+    # Grid (sequence b, key head h, page i): one page of the sequence's cache per step.
+    b, i = pl.program_id(0), pl.program_id(2)
     length = lengths_ref[b]
-    q = q_ref[...]
-    rows = q.shape[0]
 
-    def body(i, carry):
-        m, denom, acc = carry
-        page = page_indices_ref[b, i]
-        k, v = k_ref[page], v_ref[page]
+    @pl.when(i == 0)
+    def _start():
+        m_scr[...] = jnp.full(m_scr.shape, -jnp.inf, jnp.float32)
+        l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+    @pl.when(i * page_size < length)
+    def _step():
+        q, k, v = q_ref[...], k_ref[...], v_ref[...]
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * sm_scale
-        cols = i * page_size + lax.broadcasted_iota(jnp.int32, (rows, page_size), 1)
+        cols = i * page_size + lax.broadcasted_iota(jnp.int32, s.shape, 1)
         valid = cols < length
-        s = jnp.where(valid, s, _pallas.NEG_INF)
-        m_new = jnp.maximum(m, s.max(axis=1))
-        p = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
-        alpha = jnp.exp(m - m_new)
-        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        return m_new, alpha * denom + p.sum(axis=1), acc * alpha[:, None] + pv
+        s = jnp.where(valid, s, NEG_INF)
+        m_prev = m_scr[...]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
+        probs = jnp.where(valid, jnp.exp(s - _pallas.to_lanes(m_next, page_size)), 0.0)
+        alpha = jnp.exp(m_prev - m_next)
+        l_scr[...] = alpha * l_scr[...] + jnp.sum(probs, axis=1)[:, None]
+        m_scr[...] = m_next
+        pv = lax.dot(probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        acc_scr[...] = acc_scr[...] * _pallas.to_lanes(alpha, d) + pv
 
-    init = (
-        jnp.full((rows,), _pallas.NEG_INF, jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
-        jnp.zeros(o_ref.shape, jnp.float32),
-    )
-    num_pages = (length + page_size - 1) // page_size
-    _, denom, acc = lax.fori_loop(jnp.int32(0), num_pages, body, init)
-    denom = jnp.where(denom == 0.0, 1.0, denom)  # an empty sequence attends to nothing: zeros
-    o_ref[...] = (acc / denom[:, None]).astype(o_ref.dtype)
+    @pl.when(i == pl.num_programs(2) - 1)
+    def _finish():
+        denom = l_scr[...]
+        denom = jnp.where(denom == 0.0, 1.0, denom)  # an empty sequence attends to nothing: zeros
+        o_ref[...] = (acc_scr[...] * _pallas.to_lanes(1.0 / denom, d)).astype(o_ref.dtype)
 
 
 def paged_attention_jax(q, k_pages, v_pages, lengths, page_indices, sm_scale: float):
     """Paged attention on jax arrays; see the module docstring for the layouts."""
+    out_dtype = q.dtype
+    dtype = _pallas.compute_dtype(q.dtype)
+    q, k_pages, v_pages = q.astype(dtype), k_pages.astype(dtype), v_pages.astype(dtype)
     batch, heads, head_dim = q.shape
     kv_heads, total_pages, page_size, _ = k_pages.shape
+    pages_per_sequence = page_indices.shape[1]
     group = heads // kv_heads
-    group_pad = _pallas.block_for(group, largest=1 << 30)
-    d_pad = _pallas.block_for(head_dim, largest=1 << 30)
-    qg = _pallas.pad_to(_pallas.pad_to(q.reshape(batch, kv_heads, group, head_dim), 2, group_pad), 3, d_pad)
-    kp, vp = _pallas.pad_to(k_pages, 3, d_pad), _pallas.pad_to(v_pages, 3, d_pad)
-    cache_spec = pl.BlockSpec((None, total_pages, page_size, d_pad), lambda b, h: (h, 0, 0, 0))
-    q_spec = pl.BlockSpec((None, None, group_pad, d_pad), lambda b, h: (b, h, 0, 0))
-    out = pl.pallas_call(
-        functools.partial(_paged_kernel, sm_scale=sm_scale, page_size=page_size),
-        grid=(batch, kv_heads),
-        in_specs=[_pallas.scalar_spec(), _pallas.scalar_spec(), q_spec, cache_spec, cache_spec],
+    rows = _pallas.round_up(group, _pallas.sublanes(dtype))
+    d = _pallas.lane_dim(head_dim)
+    if page_size > LANES and page_size % LANES:
+        raise ValueError(f"paged_attention: a page of {page_size} tokens must be at most {LANES} or a multiple of it")
+    qg = _pallas.pad_to(_pallas.pad_to(q.reshape(batch, kv_heads, group, head_dim), 2, rows), 3, d)
+    kp, vp = _pallas.pad_to(k_pages, 3, d), _pallas.pad_to(v_pages, 3, d)
+
+    def page_of(b, h, i, lengths, pages):
+        # Past the sequence's last page: that page again (no new DMA; the step computes nothing).
+        # A page no step computes with may hold any index: clipped, so its DMA stays in the cache.
+        used = jnp.maximum(lax.div(lengths[b] + page_size - 1, page_size), 1)
+        page = pages[b * pages_per_sequence + jnp.minimum(i, used - 1)]
+        return (h, jnp.clip(page, 0, total_pages - 1), 0, 0)
+
+    q_spec = pl.BlockSpec((None, None, rows, d), lambda b, h, i, *_: (b, h, 0, 0))
+    page_spec = pl.BlockSpec((None, None, page_size, d), page_of)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(batch, kv_heads, pages_per_sequence),
+        in_specs=[q_spec, page_spec, page_spec],
         out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
-        interpret=_pallas.interpret(),
+        scratch_shapes=[
+            pltpu.VMEM((rows, LANES), jnp.float32),
+            pltpu.VMEM((rows, LANES), jnp.float32),
+            pltpu.VMEM((rows, d), jnp.float32),
+        ],
+    )
+    out = _pallas.call(
+        functools.partial(_paged_kernel, sm_scale=sm_scale, page_size=page_size, d=d),
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(qg.shape, dtype),
+        semantics=(PARALLEL, PARALLEL, ARBITRARY),
         name="paged_attention",
-    )(lengths.astype(jnp.int32), page_indices.astype(jnp.int32), qg, kp, vp)
-    return out[:, :, :group, :head_dim].reshape(batch, heads, head_dim)
+    )(lengths.astype(jnp.int32), page_indices.astype(jnp.int32).reshape(-1), qg, kp, vp)
+    return out[:, :, :group, :head_dim].reshape(batch, heads, head_dim).astype(out_dtype)
 
 
 def _paged_fake(q, k_pages, v_pages, lengths, page_indices, sm_scale):
