@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_tpu
 from tests.helpers import same
-from torch_tpu.kernels import flash_attention
+from torch_tpu.kernels import flash, flash_attention, sdpa
 
 F32_TOL = {"rtol": 1e-4, "atol": 1e-4}
 BF16_TOL = {"rtol": 3e-2, "atol": 3e-2}
@@ -59,6 +59,34 @@ def test_flash_bfloat16_odd_lengths_other_value_dim():
         device_arg=True,
         seed=0,
         **BF16_TOL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "causal", "dtype", "tol"),
+    [
+        # (batch, heads, kv_heads, q_len, kv_len, head_dim): two query and key blocks of 512
+        # with the second padded, causal blocks skipped above the diagonal, GQA, float16 (computed
+        # in float32), a head dim past one lane row (padded to 256), one query row (decoding).
+        ((1, 4, 2, 600, 600, 64), True, torch.float32, F32_TOL),
+        ((1, 2, 2, 130, 700, 16), False, torch.float16, {"rtol": 2e-3, "atol": 2e-3}),
+        ((1, 2, 1, 40, 40, 192), True, torch.bfloat16, BF16_TOL),
+        ((2, 4, 1, 1, 300, 32), False, torch.float32, F32_TOL),
+    ],
+    ids=["two-blocks-causal-gqa", "float16-long-keys", "head-dim-192", "one-query-row"],
+)
+def test_flash_blocks_and_dtypes(shape, causal, dtype, tol):
+    batch, heads, kv_heads, q_len, kv_len, dim = shape
+    q, k, v = attention_inputs(batch, heads, kv_heads, q_len, kv_len, dim, dtype=dtype)
+    same(
+        lambda device, q, k, v: (flash_attention if device == "tpu" else reference_attention)(q, k, v, causal=causal),
+        q,
+        k,
+        v,
+        grad=True,
+        device_arg=True,
+        seed=0,
+        **tol,
     )
 
 
@@ -129,6 +157,37 @@ def test_sdpa_on_the_cpu_client_takes_the_fused_xla_attention(monkeypatch, capfd
     counters = torch_tpu.metrics.counters()
     assert counters.get("sdpa_xla") == 1 and not counters.get("sdpa_flash") and not counters.get("sdpa_math")
     assert "sdpa: fused XLA attention" in capfd.readouterr().err
+
+
+def test_sdpa_takes_the_xla_attention_where_the_kernel_fails_to_compile(monkeypatch, capfd):
+    # A Mosaic or VMEM failure of the kernel must not fail SDPA: that signature takes the XLA
+    # attention from then on (the kernel is not tried again), counted and logged.
+    monkeypatch.setenv("TORCH_TPU_DEBUG", "1")
+    monkeypatch.setenv("TORCH_TPU_PALLAS_ON_CPU", "1")
+    monkeypatch.setattr(sdpa, "_kernel_failed", set())
+    tries = []
+
+    def failing(*args):
+        tries.append(len(args))
+        raise ValueError("Mosaic failed to compile the kernel (simulated)")
+
+    monkeypatch.setattr(flash, "forward_op", failing)
+    monkeypatch.setattr(flash, "backward_op", failing)
+    q, k, v = attention_inputs(1, 2, 1, 5, 12, 8)
+    for attempt in range(2):
+        same(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+            q,
+            k,
+            v,
+            grad=True,
+            seed=0,
+            **F32_TOL,
+        )
+        failures = torch_tpu.metrics.counters().get("sdpa_kernel_failures")  # (same() resets the counters)
+        assert failures == (2 if attempt == 0 else None)
+    assert tries == [5, 8], "the kernel is tried once per signature, forward and backward"
+    assert "does not compile" in capfd.readouterr().err
 
 
 def test_sdpa_with_a_mask_takes_the_math_path(monkeypatch, capfd):

@@ -1,9 +1,12 @@
 """torch.nn.functional.scaled_dot_product_attention on tpu tensors: one fused attention op where
 the arguments allow, the math path (XLA ops) elsewhere.
 
-The fused op is the Pallas flash kernel where Pallas compiles (TPU, GPU). On the CPU client,
-where Pallas only interprets, it is kernels/attention_math.py's one-op XLA attention, unless
-TORCH_TPU_PALLAS_ON_CPU=1 asks for the interpreted kernel (for testing kernels).
+The fused op is the Pallas flash kernel on TPU. Elsewhere, where Pallas only interprets, it is
+kernels/attention_math.py's one-op XLA attention, unless TORCH_TPU_PALLAS_ON_CPU=1 asks for the
+interpreted kernel (for testing kernels). SDPA never fails because of the kernel: arguments it
+cannot take go to the XLA attention, and a kernel that fails to compile for a signature (Mosaic,
+VMEM) sends that signature to the XLA attention from then on, counted ("sdpa_kernel_failures")
+and logged.
 
 PyTorch's route for a PrivateUse1 backend: SDPA asks `_fused_sdp_choice` (forwarded to the op's
 tpu kernel by csrc/sdp_choice.cc); the "overrideable" answer makes it call
@@ -34,7 +37,30 @@ _OVERRIDEABLE = int(SDPBackend.OVERRIDEABLE.value)
 
 def _pallas_flash() -> bool:
     """True where the fused path is the Pallas kernel, False where it is the one-op XLA attention."""
-    return not _pallas.interpret() or os.environ.get("TORCH_TPU_PALLAS_ON_CPU") == "1"
+    return _pallas.compiled() or os.environ.get("TORCH_TPU_PALLAS_ON_CPU") == "1"
+
+
+# Signatures whose kernel failed to compile: they take the XLA attention from then on.
+_kernel_failed: set[tuple] = set()
+
+
+def _signature(which: str, *tensors: torch.Tensor, causal: bool) -> tuple:
+    return (which, causal, *((tuple(t.shape), t.dtype) for t in tensors))
+
+
+def _with_fallback(which: str, kernel, xla, tensors: tuple, args: tuple, causal: bool):
+    """`kernel(*args)`, or `xla(*args)` where the kernel cannot compile this signature."""
+    key = _signature(which, *tensors, causal=causal)
+    if key not in _kernel_failed:
+        try:
+            return kernel(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:
+            _kernel_failed.add(key)
+            metrics.bump("sdpa_kernel_failures")
+            debug.log("sdpa", f"flash {which} does not compile for {key[2:]}; XLA attention instead: {e}")
+    return xla(*args)
 
 
 def _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
@@ -92,9 +118,13 @@ def _overrideable_forward(
     bucketed = attention_math.bucketed_forward(query, key, value, bool(is_causal), _scale(query, scale))
     if bucketed is not None:  # over a growing KV cache
         out, lse = bucketed
+    elif _pallas_flash():
+        args = (query, key, value, bool(is_causal), _scale(query, scale))
+        out, lse = _with_fallback(
+            "forward", flash.forward_op, attention_math.forward_op, (query, key, value), args, bool(is_causal)
+        )
     else:
-        forward = flash.forward_op if _pallas_flash() else attention_math.forward_op
-        out, lse = forward(query, key, value, bool(is_causal), _scale(query, scale))
+        out, lse = attention_math.forward_op(query, key, value, bool(is_causal), _scale(query, scale))
     empty = torch.empty(0, dtype=torch.int32, device=query.device)
     seed = torch.empty((), dtype=torch.int64, device=query.device)
     return out, lse, empty, empty, query.shape[2], key.shape[2], seed, seed, empty
@@ -121,6 +151,12 @@ def _overrideable_backward(
     *,
     scale=None,
 ):
-    backward = flash.backward_op if _pallas_flash() else attention_math.backward_op
-    dq, dk, dv = backward(grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale))
+    args = (grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale))
+    if _pallas_flash():
+        tensors = (query, key, value)
+        dq, dk, dv = _with_fallback(
+            "backward", flash.backward_op, attention_math.backward_op, tensors, args, bool(is_causal)
+        )
+    else:
+        dq, dk, dv = attention_math.backward_op(*args)
     return dq, dk, dv, None
