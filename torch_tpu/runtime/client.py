@@ -90,6 +90,7 @@ def global_devices() -> tuple[jax.Device, ...]:
 def reset() -> None:
     """Forgets the selected client (torch_tpu.distributed.initialize recreates it multi-process)."""
     _selected.cache_clear()
+    _fence_inputs.cache_clear()
 
 
 def jax_device(index: int) -> jax.Device:
@@ -99,6 +100,27 @@ def jax_device(index: int) -> jax.Device:
     return all_devices[index]
 
 
+@functools.cache
+def _fence_inputs() -> tuple[jax.Array, ...]:
+    """One tiny array per device: what each fence computation reads."""
+    return tuple(jax.device_put(jax.numpy.zeros((), jax.numpy.int32), d) for d in devices())
+
+
+@jax.jit
+def _fence(x: jax.Array) -> jax.Array:
+    return x + 1
+
+
+def fences() -> list[jax.Array]:
+    """Enqueues one tiny computation on each device and returns its results: a device runs its
+    computations in the order they were queued, so a fence is ready once everything queued
+    before it on its device has run, including work whose outputs were already freed."""
+    return [_fence(x) for x in _fence_inputs()]
+
+
 def synchronize() -> None:
-    """Waits for every queued computation on the selected client."""
+    """Waits for every computation queued on the selected client's devices: their fences, and
+    the arrays still alive (transfers into them, and the CPU client, which may run independent
+    computations side by side)."""
+    jax.block_until_ready(fences())
     jax.block_until_ready(jax.live_arrays(platform()))
