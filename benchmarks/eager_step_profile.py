@@ -1,0 +1,84 @@
+"""Where an eager training step's host time goes: a GPT training step (autocast bf16, AdamW) in
+torch_tpu's eager or lazy mode, timed per step, with the step's counters (executions, compiles,
+transfers) and a cProfile of one warm step (top functions by own time).
+
+    python benchmarks/eager_step_profile.py [--layers 4] [--d 768] [--seq 1024] [--batch 4] [--lazy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pathlib
+import pstats
+import sys
+import time
+
+import torch
+
+import torch_tpu
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "mingpt"))
+from model import GPT, GPTConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=50304)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--lazy", action="store_true", help="torch_tpu.eager_mode(False)")
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args(argv)
+    cfg = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads, n_embd=args.d)
+    torch.manual_seed(0)
+    model = GPT(cfg).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    x = torch.randint(0, args.vocab, (args.batch, args.seq)).to("tpu")
+    y = torch.randint(0, args.vocab, (args.batch, args.seq)).to("tpu")
+    if args.lazy:
+        torch_tpu.eager_mode(False)
+
+    def step():
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch_tpu.sync()
+        return loss
+
+    for i in range(2):
+        start = time.perf_counter()
+        loss = step()
+        print(f"warmup step {i}: {time.perf_counter() - start:.2f} s, loss {loss.item():.4f}", flush=True)
+    torch_tpu.metrics.reset()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    counters = {k: v for k, v in torch_tpu.metrics.counters().items() if isinstance(v, int) and v}
+    print(f"{'lazy' if args.lazy else 'eager'} step ms: {[round(t * 1e3, 1) for t in times]}")
+    print(f"counters over {args.steps} steps: {counters}")
+    profile = cProfile.Profile()
+    profile.enable()
+    start = time.perf_counter()
+    loss = step()
+    issued = time.perf_counter()
+    loss.item()
+    print(f"profiled step: {(issued - start) * 1e3:.1f} ms to issue and sync")
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
+    print(text.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

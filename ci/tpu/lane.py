@@ -1,0 +1,360 @@
+"""The TPU lane's driver (run by ci/tpu/lane.sh after the installs): runs each part in its own
+process, one at a time (one process holds the chip), and writes lane.md, lane.json and lane.log.
+
+    python ci/tpu/lane.py [--parts env,kernels,sync,tests,hf,examples,ops,training] [--out DIR]
+        [--commit SHA] [--tests FILE...] [--test-seconds N] [--platform tpu] [--training-args "..."]
+
+Parts:
+  env       platform, chip, versions
+  kernels   tests/test_kernels_*.py on the chip (Pallas kernels compiled by Mosaic), then
+            benchmarks/tpu_kernels.py (the kernels against XLA's own attention and ragged_dot)
+  sync      ci/tpu/sync_check.py: synchronize() waits for work whose outputs were dropped
+  tests     the test suite (--tests, default tests/test_*.py less ci/tpu/not_on_tpu.txt) in one
+            pytest process, each test's outcome recorded; ci/tpu/expected_failures.txt lists the
+            failures known on TPU with their reasons
+  hf        tests/test_hf_models.py (the HF families against CPU's logits and greedy tokens)
+  examples  every example with --check
+  ops       benchmarks/op_kinds.py: eager per-op cost against jax.jit
+  training  benchmarks/tpu_training.py (--training-args)
+Every part runs from a scratch folder that links tests/, examples/ and benchmarks/ but not the
+source package, so the installed wheel is what runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+PARTS = ("env", "kernels", "sync", "tests", "hf", "examples", "ops", "training")
+HARNESS_EXAMPLES = ("mingpt", "llama", "qwen", "resnet", "dlrm", "unet")
+OTHER_EXAMPLES = {
+    "moe": ["examples/moe/gmm_moe.py", "--check"],
+    "paged_decode": ["examples/paged_decode/paged_decode.py", "--check"],
+    "distributed": ["examples/distributed/train.py", "--data", "1", "--model", "1", "--check"],
+}
+_ENV_SCRIPT = """
+import json, jax, torch, torch_tpu
+d = jax.devices()[0]
+print(json.dumps({"platform": torch_tpu.platform(), "device_kind": d.device_kind, "devices": len(jax.devices()),
+                  "torch": torch.__version__, "jax": jax.__version__, "torch_tpu": torch_tpu.__version__,
+                  "bytes_limit": (d.memory_stats() or {}).get("bytes_limit")}))
+"""
+
+
+class Lane:
+    def __init__(self, args):
+        self.args = args
+        self.repo = pathlib.Path(args.repo).resolve()
+        self.out = pathlib.Path(args.out or self.repo / "benchmarks" / "results" / "tpu").resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.out / "lane.log", "w")
+        self.scratch = pathlib.Path(tempfile.mkdtemp(prefix="torch_tpu_lane_"))
+        for name in ("tests", "examples", "benchmarks", "ci"):
+            (self.scratch / name).symlink_to(self.repo / name)
+        self.env = dict(os.environ, TORCH_TPU_PLATFORM=args.platform, TORCH_TPU_ASYNC_COMPILE="0")
+        self.env["TORCH_TPU_CACHE_DIR"] = str(self.scratch / "cache")
+        self.env.pop("TORCH_TPU_NUM_CPU_DEVICES", None)
+        self.results: dict = {
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": args.commit or _commit(self.repo),
+            "parts": {},
+        }
+
+    def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int, str, float]:
+        """Runs `cmd` in the scratch folder; (exit status, output, seconds). 124 on timeout."""
+        self.log.write(f"\n===== {name}: {shlex.join(cmd)}\n")
+        self.log.flush()
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(
+                cmd, cwd=self.scratch, env=env or self.env, capture_output=True, text=True, timeout=timeout
+            )
+            code, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as e:
+            code = 124
+            output = _text(e.stdout) + _text(e.stderr) + f"\n[lane] timed out after {timeout:.0f} s\n"
+        seconds = time.perf_counter() - start
+        self.log.write(output + f"\n===== {name}: exit {code} in {seconds:.1f} s\n")
+        self.log.flush()
+        return code, output, seconds
+
+    def python(self, name: str, args: list[str], timeout: float) -> tuple[int, str, float]:
+        return self.run(name, [sys.executable, *args], timeout)
+
+    # ---- parts --------------------------------------------------------------------------
+
+    def part_env(self) -> dict:
+        code, output, _ = self.python("env", ["-c", _ENV_SCRIPT], 300)
+        found = _last_json(output)
+        return {"ok": code == 0 and found is not None, **(found or {})}
+
+    def part_kernels(self) -> dict:
+        tests = self.pytest(
+            "kernels", sorted(str(p.relative_to(self.repo)) for p in self.repo.glob("tests/test_kernels_*.py")), 420
+        )
+        code, output, seconds = self.python("kernel benchmark", ["benchmarks/tpu_kernels.py"], 300)
+        return {
+            "ok": tests["ok"] and code == 0,
+            "tests": tests,
+            "benchmark": _table_of(output),
+            "benchmark_seconds": seconds,
+        }
+
+    def part_sync(self) -> dict:
+        code, output, seconds = self.python("sync", ["ci/tpu/sync_check.py"], 300)
+        return {"ok": code == 0, "seconds": seconds, **(_last_json(output) or {})}
+
+    def part_tests(self) -> dict:
+        files = self.args.tests or self._default_tests()
+        return self.pytest("tests", files, self.args.test_seconds + 120, budget=self.args.test_seconds)
+
+    def part_hf(self) -> dict:
+        return self.pytest("hf", ["tests/test_hf_models.py"], 600)
+
+    def part_examples(self) -> dict:
+        examples = {}
+        for name in HARNESS_EXAMPLES:
+            cmd = [f"examples/{name}/train.py", "--steps", "2", "--check", "--no-fallbacks"]
+            examples[name] = self._example(name, cmd, harness=True)
+        for name, cmd in OTHER_EXAMPLES.items():
+            examples[name] = self._example(name, cmd, harness=False)
+        return {"ok": all(e["ok"] for e in examples.values()), "examples": examples}
+
+    def part_ops(self) -> dict:
+        code, output, seconds = self.python("ops", ["benchmarks/op_kinds.py"], 420)
+        return {"ok": code == 0, "seconds": seconds, "table": _table_of(output)}
+
+    def part_training(self) -> dict:
+        args = shlex.split(self.args.training_args)
+        code, output, seconds = self.python("training", ["benchmarks/tpu_training.py", *args], 590)
+        return {"ok": code == 0, "seconds": seconds, "table": _table_of(output), "args": args}
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def _default_tests(self) -> list[str]:
+        skip = _listed(self.repo / "ci" / "tpu" / "not_on_tpu.txt")
+        files = sorted(str(p.relative_to(self.repo)) for p in self.repo.glob("tests/test_*.py"))
+        return [f for f in files if f not in skip and not f.startswith("tests/test_kernels_")]
+
+    def pytest(self, name: str, files: list[str], timeout: float, budget: float | None = None) -> dict:
+        xml = self.scratch / f"{name}.xml"
+        env = dict(
+            self.env,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(self.scratch / "ci" / "tpu"), self.env.get("PYTHONPATH")])),
+        )
+        if budget:
+            env["TORCH_TPU_LANE_TEST_SECONDS"] = str(budget)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "time_budget",
+            "--import-mode=importlib",
+            "--rootdir",
+            str(self.scratch),
+            f"--junitxml={xml}",
+            *files,
+        ]
+        code, output, seconds = self.run(name, cmd, timeout, env=env)
+        outcomes = _junit(xml) if xml.exists() else {}
+        expected = _expected_failures(self.repo / "ci" / "tpu" / "expected_failures.txt")
+        failed = {t: why for t, (state, why) in outcomes.items() if state == "failed"}
+        counted = sum(1 for state, _ in outcomes.values() if state in ("passed", "failed"))
+        passed = sum(1 for state, _ in outcomes.values() if state == "passed")
+        return {
+            "ok": code in (0, 1) and not (set(failed) - set(expected)) and bool(outcomes),
+            "exit": code,
+            "seconds": seconds,
+            "passed": passed,
+            "failed": len(failed),
+            "skipped": sum(1 for state, _ in outcomes.values() if state == "skipped"),
+            "pass_rate": passed / counted if counted else None,
+            "failures": {t: failed[t] for t in sorted(failed)},
+            "unexpected_failures": sorted(set(failed) - set(expected)),
+            "stopped_early": "time budget" in output,
+            "outcomes": {t: state for t, (state, _) in outcomes.items()},
+        }
+
+    def _example(self, name: str, cmd: list[str], harness: bool) -> dict:
+        code, output, seconds = self.python(f"example {name}", cmd, 590)
+        ok = code == 0 and ("check passed" in output if harness else True)
+        tail = [line for line in output.strip().splitlines()[-3:]]
+        return {"ok": ok, "exit": code, "seconds": round(seconds, 1), "tail": tail}
+
+    def write(self) -> None:
+        with open(self.out / "lane.json", "w") as f:
+            json.dump(self.results, f, indent=1, sort_keys=True)
+        (self.out / "lane.md").write_text(markdown(self.results))
+
+
+def markdown(results: dict) -> str:
+    parts = results["parts"]
+    env = parts.get("env", {})
+    lines = [
+        "# TPU lane results",
+        "",
+        f"{results['date']}, commit {results['commit']}; {env.get('device_kind', '?')} ({env.get('platform', '?')}), "
+        f"torch {env.get('torch', '?')}, jax {env.get('jax', '?')}, torch_tpu {env.get('torch_tpu', '?')}.",
+        "Made by `bash ci/tpu/lane.sh` (ci/tpu/lane.py).",
+        "",
+        "| part | result |",
+        "|---|---|",
+    ]
+    for name, part in parts.items():
+        lines.append(f"| {name} | {'pass' if part.get('ok') else 'FAIL'}{_summary(part)} |")
+    for name in ("kernels", "tests", "hf"):
+        tests = parts.get(name, {}).get("tests") if name == "kernels" else parts.get(name)
+        if tests and tests.get("failures"):
+            lines += ["", f"## {name}: failures", ""]
+            lines += [f"- `{t}`: {why}" for t, why in tests["failures"].items()]
+    if "examples" in parts:
+        lines += ["", "## Examples (`--check`)", "", "| example | result | seconds |", "|---|---|---|"]
+        for name, e in parts["examples"]["examples"].items():
+            result = "pass" if e["ok"] else f"FAIL (exit {e['exit']})"
+            lines.append(f"| {name} | {result} | {e['seconds']} |")
+    for name, title in (
+        ("kernels", "Kernels against XLA"),
+        ("ops", "Eager op kinds against jax.jit"),
+        ("training", "Training"),
+    ):
+        table = parts.get(name, {}).get("benchmark" if name == "kernels" else "table")
+        if table:
+            lines += ["", f"## {title}", "", table]
+    if "sync" in parts and "dropped_ms" in parts["sync"]:
+        s = parts["sync"]
+        lines += [
+            "",
+            "## synchronize()",
+            "",
+            f"10 dropped 8192² bf16 matmuls + synchronize: {s['dropped_ms']:.1f} ms; 10 kept: {s['kept_ms']:.1f} ms "
+            f"(ratio {s['dropped_over_kept']:.2f}, target >= 0.8); {s['kept_tflops']:.0f} TFLOP/s.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _summary(part: dict) -> str:
+    if "passed" in part:
+        rate = f", {part['pass_rate'] * 100:.1f}%" if part.get("pass_rate") is not None else ""
+        extra = " (stopped at the time budget)" if part.get("stopped_early") else ""
+        return f": {part['passed']} passed, {part['failed']} failed, {part['skipped']} skipped{rate}{extra}"
+    if "tests" in part:
+        return _summary(part["tests"])
+    if "examples" in part:
+        return f": {sum(e['ok'] for e in part['examples'].values())} of {len(part['examples'])} pass"
+    return ""
+
+
+def _junit(path: pathlib.Path) -> dict[str, tuple[str, str]]:
+    """test id -> (passed | failed | skipped, first line of the failure)."""
+    outcomes = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        state, why = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                state, why = (
+                    "failed",
+                    (child.get("message") or "").splitlines()[0][:200] if child.get("message") else "",
+                )
+            elif child.tag == "skipped":
+                state, why = "skipped", (child.get("message") or "")[:200]
+        outcomes[name] = (state, why)
+    return outcomes
+
+
+def _listed(path: pathlib.Path) -> set[str]:
+    if not path.exists():
+        return set()
+    return {line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()}
+
+
+def _expected_failures(path: pathlib.Path) -> dict[str, str]:
+    """test id -> reason, from lines `test id  # reason`."""
+    if not path.exists():
+        return {}
+    found = {}
+    for line in path.read_text().splitlines():
+        test, _, reason = line.partition("#")
+        if test.strip():
+            found[test.strip()] = reason.strip()
+    return found
+
+
+def _last_json(output: str) -> dict | None:
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def _table_of(output: str) -> str:
+    """The markdown table(s) and the lines around them that a benchmark printed."""
+    keep = [
+        line
+        for line in output.splitlines()
+        if line.startswith("|") or re.match(r"^(worst|jax|torch_tpu|GPT|ResNet|MFU|peak)", line)
+    ]
+    return "\n".join(keep)
+
+
+def _text(value) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+
+
+def _commit(repo: pathlib.Path) -> str:
+    try:
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+            ).stdout.strip()
+            or "unknown"
+        )
+    except OSError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repo", default=str(pathlib.Path(__file__).resolve().parents[2]))
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--out", help="results folder (default: benchmarks/results/tpu)")
+    parser.add_argument("--commit", help="the commit the wheel was built from (default: git's HEAD)")
+    parser.add_argument("--tests", nargs="*", help="test files for the tests part")
+    parser.add_argument("--test-seconds", type=float, default=1800, help="time budget of the tests part")
+    parser.add_argument("--platform", default="tpu", help="TORCH_TPU_PLATFORM for every part (cpu: try the lane)")
+    parser.add_argument("--training-args", default="", help="arguments for benchmarks/tpu_training.py")
+    args = parser.parse_args(argv)
+    lane = Lane(args)
+    parts = [p for p in args.parts.split(",") if p]
+    for name in parts:
+        if name not in PARTS:
+            parser.error(f"unknown part {name!r}; parts: {', '.join(PARTS)}")
+    for name in parts:
+        start = time.perf_counter()
+        lane.results["parts"][name] = getattr(lane, f"part_{name}")()
+        verdict = "pass" if lane.results["parts"][name].get("ok") else "FAIL"
+        print(f"[lane] {name}: {verdict} ({time.perf_counter() - start:.0f} s)", flush=True)
+        lane.write()
+    print((lane.out / "lane.md").read_text())
+    return 0 if all(p.get("ok") for p in lane.results["parts"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
