@@ -157,6 +157,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_memory_limit", [](int d, int64_t limit) { core::BufferRegistry::instance().set_limit(d, limit); },
         py::arg("device"), py::arg("limit"));
   m.def("_memory_limit", [](int d) { return core::BufferRegistry::instance().limit(d); }, py::arg("device"));
+  m.def("_set_memory_capacity",
+        [](int d, int64_t capacity) { core::BufferRegistry::instance().set_capacity(d, capacity); },
+        py::arg("device"), py::arg("capacity"));
+  m.def("_memory_capacity", [](int d) { return core::BufferRegistry::instance().capacity(d); }, py::arg("device"));
   m.def("_set_memory_info_hook", [](const py::object& hook) { set_memory_info_hook(hook.ptr()); }, py::arg("hook"));
   m.def("_set_synchronize_hook", [](const py::object& hook) { set_synchronize_hook(hook.ptr()); }, py::arg("hook"));
   m.def("_start_trace_annotations", [](const py::object& enter, bool ops) { start_trace_annotations(enter.ptr(), ops); },

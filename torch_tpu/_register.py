@@ -56,7 +56,7 @@ def register() -> None:
     storages.register()
     _C._set_synchronize_hook(client.synchronize)
     _C._set_memory_info_hook(device_module.mem_get_info)
-    memory.apply_env_limit()
+    memory.apply_limits()
     torch.set_autocast_dtype("tpu", torch.bfloat16)  # CUDA's default is float16; TPUs train in bfloat16
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 

@@ -18,6 +18,7 @@ constexpr int kNumClasses = kDeviceShift - kMinClassLog2;
 struct DeviceState {
   MemoryStats stats;
   int64_t limit = -1;
+  int64_t capacity = -1;
   uintptr_t bump = 0;
   std::array<std::vector<uintptr_t>, kNumClasses> free_lists;
 };
@@ -49,12 +50,16 @@ std::string mib(int64_t bytes) {
   return text;
 }
 
-std::string oom_message(int device, size_t requested, int64_t allocated, int64_t limit) {
-  std::string text = "tpu:" + std::to_string(device) + " out of memory. Tried to allocate " +
-                     mib(static_cast<int64_t>(requested)) + " (" + std::to_string(requested) + " bytes); " +
-                     mib(allocated) + " (" + std::to_string(allocated) + " bytes) already allocated; ";
+std::string oom_message(int device, size_t requested, int64_t allocated, int64_t limit, bool capacity) {
+  const std::string name = "tpu:" + std::to_string(device);
+  std::string text = name + " out of memory. Tried to allocate " + mib(static_cast<int64_t>(requested)) + " (" +
+                     std::to_string(requested) + " bytes); " + mib(allocated) + " (" + std::to_string(allocated) +
+                     " bytes) already allocated by tpu tensors; ";
   if (limit < 0) {
     return text + "the request exceeds the device address range";
+  }
+  if (capacity) {
+    return text + name + " has a total capacity of " + mib(limit) + " (" + std::to_string(limit) + " bytes)";
   }
   return text + "limit " + mib(limit) + " (" + std::to_string(limit) +
          " bytes), set by torch.tpu.set_per_process_memory_fraction or TORCH_TPU_MEMORY_LIMIT";
@@ -73,12 +78,13 @@ int size_class(int device, size_t nbytes, int64_t allocated) {
 
 }  // namespace
 
-OutOfMemory::OutOfMemory(int device, size_t requested, int64_t allocated, int64_t limit)
-    : std::runtime_error(oom_message(device, requested, allocated, limit)),
+OutOfMemory::OutOfMemory(int device, size_t requested, int64_t allocated, int64_t limit, bool capacity)
+    : std::runtime_error(oom_message(device, requested, allocated, limit, capacity)),
       device(device),
       requested(requested),
       allocated(allocated),
-      limit(limit) {}
+      limit(limit),
+      capacity(capacity) {}
 
 BufferRegistry& BufferRegistry::instance() {
   static BufferRegistry registry;
@@ -90,9 +96,11 @@ uintptr_t BufferRegistry::on_alloc(int device, size_t nbytes) {
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& d = g_devices[device];
   const int cls = size_class(device, nbytes, d.stats.allocated_bytes);
-  if (d.limit >= 0 && d.stats.allocated_bytes + static_cast<int64_t>(nbytes) > d.limit) {
+  const int64_t wanted = d.stats.allocated_bytes + static_cast<int64_t>(nbytes);
+  const bool over_limit = d.limit >= 0 && wanted > d.limit;
+  if (over_limit || (d.capacity >= 0 && wanted > d.capacity)) {
     d.stats.num_ooms += 1;
-    throw OutOfMemory(device, nbytes, d.stats.allocated_bytes, d.limit);
+    throw OutOfMemory(device, nbytes, d.stats.allocated_bytes, over_limit ? d.limit : d.capacity, !over_limit);
   }
   uintptr_t offset;
   auto& free_list = d.free_lists[cls];
@@ -162,6 +170,18 @@ int64_t BufferRegistry::limit(int device) const {
   check_device(device);
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_devices[device].limit;
+}
+
+void BufferRegistry::set_capacity(int device, int64_t capacity) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_devices[device].capacity = capacity < 0 ? -1 : capacity;
+}
+
+int64_t BufferRegistry::capacity(int device) const {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_devices[device].capacity;
 }
 
 int BufferRegistry::device_of(uintptr_t address) {

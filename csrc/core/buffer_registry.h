@@ -19,15 +19,16 @@ struct MemoryStats {
   int64_t num_ooms = 0;  // allocations refused by the limit
 };
 
-// Thrown by on_alloc when a buffer would take a device past its byte limit;
+// Thrown by on_alloc when a buffer would take a device past its byte limit or capacity;
 // nothing is accounted, so the process stays usable.
 class OutOfMemory : public std::runtime_error {
  public:
-  OutOfMemory(int device, size_t requested, int64_t allocated, int64_t limit);
+  OutOfMemory(int device, size_t requested, int64_t allocated, int64_t limit, bool capacity = false);
   int device;
   size_t requested;
   int64_t allocated;
   int64_t limit;  // -1: the request exceeds the device address range
+  bool capacity;  // the bound was the device's capacity, not a limit the user set
 };
 
 // Every device buffer registers here when it is created and when it dies.
@@ -49,6 +50,10 @@ class BufferRegistry {
   // Caps the bytes live on `device`; a negative limit means none (the default).
   void set_limit(int device, int64_t limit);
   int64_t limit(int device) const;
+  // The device's memory (where the platform reports it); no allocation may exceed it.
+  // Negative means unknown (the default): only the limit applies.
+  void set_capacity(int device, int64_t capacity);
+  int64_t capacity(int device) const;
   // Device that owns a fake address, or -1 if it is not one of ours.
   static int device_of(uintptr_t address);
 

@@ -50,6 +50,7 @@ from torch.fx import Node
 
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import options as compile_options
+from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import precision, tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
@@ -550,10 +551,12 @@ class Buckets:
         signature = tuple(sig)
         compiled = plan.executables.get(signature)
         if compiled is None:
-            compiled = self._compile(plan, readers, dyn, signature)
+            with memory.out_of_memory_as_torch(device, f"compiling the graph {runner.name} for bucket {sig[0]}"):
+                compiled = self._compile(plan, readers, dyn, signature)
         else:
             metrics.bump("graph_cache_hits")
-        flat = compiled(*dyn)
+        with memory.out_of_memory_as_torch(device, f"running the compiled graph {runner.name}"):
+            flat = compiled(*dyn)
         metrics.bump("executions")
         metrics.bump("bucket_runs")
         return [self._rebuild(t, flat, args, exact, device) for t in plan.templates]

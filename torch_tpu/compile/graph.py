@@ -40,6 +40,7 @@ from torch.fx import GraphModule, Node
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import async_compile, buckets, donation
 from torch_tpu.compile import options as compile_options
+from torch_tpu.device import memory
 from torch_tpu.ops import checks, precision, registry, schema, storage_locks, tensors
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
@@ -268,7 +269,8 @@ class Segment:
             if released:
                 _jax.collect_garbage()  # where jax drops the views' references
             donation.guard(dyn, exe.donated)
-        flat = exe.compiled(*dyn)
+        with memory.out_of_memory_as_torch(device, f"running the compiled graph {self.name}"):
+            flat = exe.compiled(*dyn)
         metrics.bump("executions")
         if exe.checks:
             _raise_failure(exe.checks, flat)
@@ -320,7 +322,8 @@ class Segment:
         else:
             with opts.tracing():
                 lowered = jitted.lower(*dyn)
-            exe.compiled = compile_options.compile_lowered(lowered, opts)
+            with memory.out_of_memory_as_torch(device, f"compiling the graph {self.name}"):
+                exe.compiled = compile_options.compile_lowered(lowered, opts)
             compile_options.dump(opts, f"{self.name}.{len(self.executables)}", lowered, exe.compiled)
             executable_cache.save(persist, exe.compiled, (exe.out_templates, exe.mutation_specs, exe.checks))
             seconds = time.perf_counter() - start

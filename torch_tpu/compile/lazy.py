@@ -35,6 +35,7 @@ import torch
 
 from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import options as compile_options
+from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
@@ -119,11 +120,13 @@ def set_enabled(on: bool) -> None:
     global _enabled
     _install()
     with _lock:
-        if _enabled and not on:
-            flush()
-        _enabled = on
-        _C._set_lazy_recording(on)
-        tensors.lazy = _Recorder if on else None
+        try:
+            if _enabled and not on:
+                flush()
+        finally:  # the mode changes even when the trace fails to run (out of memory)
+            _enabled = on
+            _C._set_lazy_recording(on)
+            tensors.lazy = _Recorder if on else None
 
 
 def enabled() -> bool:
@@ -354,15 +357,18 @@ def flush() -> None:
             tuple(_leaf_key(x) for x in trace.leaves),
             len(trace.rngs),
         )
+        what = f"the lazy graph of {len(trace.records)} ops"
         compiled = _executables.pop(key, None)
         if compiled is None:
-            compiled = _compile(trace, outputs)
+            with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
+                compiled = _compile(trace, outputs)
         else:
             metrics.bump("graph_cache_hits")
         _executables[key] = compiled
         if len(_executables) > MAX_EXECUTABLES:
             del _executables[next(iter(_executables))]
-        flat = compiled(trace.leaves, trace.rngs)
+        with memory.out_of_memory_as_torch(trace.device, "running " + what):
+            flat = compiled(trace.leaves, trace.rngs)
         metrics.bump("executions")
         metrics.bump("lazy_runs")
         for v, value in zip(outputs, flat):

@@ -231,4 +231,6 @@ def compile_lowered(lowered, options: CompileOptions):
     try:
         return lowered.compile(compiler_options=flags)
     except Exception as error:  # jaxlib raises its own error types for bad debug options
+        if "RESOURCE_EXHAUSTED" in str(error):  # out of memory, not a bad flag: the caller reports it
+            raise
         raise ValueError(f'torch.compile(backend="tpu") option "xla_flags" {flags} rejected by XLA: {error}') from error

@@ -1,11 +1,13 @@
 """Device memory: byte limits, the PJRT client's own stats, and out-of-memory errors.
 
 The C++ buffer registry counts the bytes of every live tpu storage and refuses an
-allocation past a device's limit with torch.OutOfMemoryError. A limit comes from
-torch.tpu.set_per_process_memory_fraction() or from TORCH_TPU_MEMORY_LIMIT (bytes, or with
-a K/M/G/T suffix, for every device). XLA's own RESOURCE_EXHAUSTED errors become
-torch.OutOfMemoryError too (raise_if_out_of_memory). Buffers are freed when their last tensor
-dies (no caching allocator), so "reserved" equals "allocated".
+allocation past a device's capacity or limit with torch.OutOfMemoryError, as CUDA's allocator
+does. The capacity is PJRT's bytes_limit where the platform reports it (TPU, GPU; the CPU
+client reports none). A limit comes from torch.tpu.set_per_process_memory_fraction() or from
+TORCH_TPU_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix, for every device). XLA's own
+RESOURCE_EXHAUSTED errors (an executable's outputs or temporaries, a transfer, a compile)
+become torch.OutOfMemoryError too (out_of_memory_as_torch). Buffers are freed when their last
+tensor dies (no caching allocator), so "reserved" equals "allocated".
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import collections
 import os
 
+import jax
 import torch
 
 from torch_tpu import _C
@@ -60,32 +63,78 @@ def set_limit(index: int, nbytes: int | None) -> None:
     _C._set_memory_limit(index, -1 if nbytes is None else int(nbytes))
 
 
-def apply_env_limit() -> None:
-    """Applies TORCH_TPU_MEMORY_LIMIT to every device (run once at import)."""
+def capacity(index: int) -> int | None:
+    """The device's capacity as the buffer registry enforces it (PJRT's bytes_limit), or None."""
+    value = _C._memory_capacity(index)
+    return None if value < 0 else value
+
+
+def apply_limits() -> None:
+    """Run once at import: each device's capacity where the platform reports one, so that an
+    allocation that can never fit raises torch.OutOfMemoryError at once; and
+    TORCH_TPU_MEMORY_LIMIT, if set, as every device's limit."""
     text = os.environ.get("TORCH_TPU_MEMORY_LIMIT", "").strip()
-    if text:
-        nbytes = parse_bytes(text)
-        for index in range(_C._device_count()):
+    nbytes = parse_bytes(text) if text else None
+    for index in range(_C._device_count()):
+        reported = runtime_stats(index).get("bytes_limit")
+        if reported:
+            _C._set_memory_capacity(index, int(reported))
+        if nbytes is not None:
             set_limit(index, nbytes)
 
 
-def raise_if_out_of_memory(error: Exception, device: int, what: str = "") -> None:
-    """Raises torch.OutOfMemoryError (from `error`) if `error` is XLA's RESOURCE_EXHAUSTED."""
-    text = str(error)
+def _amount(nbytes: int) -> str:
+    return f"{format_bytes(nbytes)} ({nbytes} bytes)"
+
+
+def out_of_memory_message(device: int, what: str = "", nbytes: int | None = None, detail: str = "") -> str:
+    """torch.OutOfMemoryError's text, in the spirit of CUDA's: the bytes asked for (when
+    known), the bytes tpu tensors hold, the limit, and the device's capacity and use."""
+    name = f"tpu:{device}"
+    text = f"{name} out of memory{' ' + what if what else ''}."
+    if nbytes is not None:
+        text += f" Tried to allocate {_amount(nbytes)}."
+    facts = [f"{_amount(_C._memory_stats(device)['allocated_bytes.all.current'])} already allocated by tpu tensors"]
+    cap = limit(device)
+    if cap is not None:
+        facts.append(f"limit {_amount(cap)}")
+    stats = runtime_stats(device)
+    if stats.get("bytes_limit"):
+        total, used = int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))
+        facts.append(f"{name} has a total capacity of {_amount(total)}, of which {_amount(used)} is in use")
+    text += " " + "; ".join(facts) + "."
+    return f"{text} XLA: {detail}" if detail else text
+
+
+def raise_if_out_of_memory(error: Exception, device: int, what: str = "", nbytes: int | None = None) -> None:
+    """Raises torch.OutOfMemoryError (from `error`) if `error` is XLA's RESOURCE_EXHAUSTED; its
+    first line is quoted (the whole of it stays as __cause__)."""
+    text = str(error).strip()
     if "RESOURCE_EXHAUSTED" not in text:
         return
-    allocated = _C._memory_stats(device)["allocated_bytes.all.current"]
-    cap = limit(device)
-    capacity = runtime_stats(device).get("bytes_limit")
-    message = (
-        f"tpu:{device} out of memory{' running ' + what if what else ''}. XLA: {text.strip()} "
-        f"{format_bytes(allocated)} ({allocated} bytes) already allocated by tpu tensors"
-    )
-    if cap is not None:
-        message += f"; limit {format_bytes(cap)} ({cap} bytes)"
-    if capacity:
-        message += f"; device capacity {format_bytes(capacity)} ({capacity} bytes)"
-    raise torch.OutOfMemoryError(message) from error
+    raise torch.OutOfMemoryError(out_of_memory_message(device, what, nbytes, text.splitlines()[0])) from error
+
+
+class _OutOfMemoryAsTorch:
+    __slots__ = ("device", "nbytes", "what")
+
+    def __init__(self, device: int, what: str, nbytes: int | None):
+        self.device, self.what, self.nbytes = device, what, nbytes
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is not None and issubclass(kind, jax.errors.JaxRuntimeError):
+            raise_if_out_of_memory(error, self.device, self.what, self.nbytes)
+        return False
+
+
+def out_of_memory_as_torch(device: int, what: str = "", nbytes: int | None = None) -> _OutOfMemoryAsTorch:
+    """A context in which XLA's RESOURCE_EXHAUSTED (jax's JaxRuntimeError) becomes
+    torch.OutOfMemoryError on tpu device `device`: around every compile, execution and transfer.
+    `what` says what ran ("running the compiled graph g0"); `nbytes`, what it asked for if known."""
+    return _OutOfMemoryAsTorch(device, what, nbytes)
 
 
 # ---- torch.tpu's memory functions ----------------------------------------------

@@ -531,7 +531,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
         check = apart if check is None else _both_checks(apart, check)
     if lowering.eager:
         fn = lowering.fn if check is None else _checked(lowering.fn, check)
-        return _storage_locked(plan, fn) if plan.mutable else fn
+        return _out_of_memory_as_torch(op, _storage_locked(plan, fn) if plan.mutable else fn)
     name = f"{op} {lowering.fn.__module__}.{lowering.fn.__qualname__}"  # the persistent key's op part
     front = None if derived else lowering.front
     # Pointwise ops run over a bucketed tensor's whole padded buffer (ops/growing.py): not those
@@ -573,6 +573,10 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
             _check_no_partial_overlap(written, bound)
         with storage_locks.held(written):  # read, run and swap: atomic per storage
             return run(args, kwargs, bound)
+
+    # Every way the kernel runs jax (a front path, reading a never-written buffer, the executable)
+    # reports XLA's RESOURCE_EXHAUSTED as torch.OutOfMemoryError.
+    kernel = _out_of_memory_as_torch(op, kernel)
 
     def run(args, kwargs, bound):
         _wrap_numbers(bound, plan.tensor_args)
@@ -827,6 +831,31 @@ def _storage_locked(plan: OpPlan, fn: Callable) -> Callable:
     return run
 
 
+def _out_of_memory_as_torch(op: OpOverload, fn: Callable) -> Callable:
+    """Kernel `fn` of `op`, raising XLA's RESOURCE_EXHAUSTED as torch.OutOfMemoryError."""
+
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except jax.errors.JaxRuntimeError as error:
+            memory.raise_if_out_of_memory(error, _device_of_call(args, kwargs), f"running {op}")
+            raise
+
+    run.__name__ = fn.__name__
+    return run
+
+
+def _device_of_call(args: tuple, kwargs: dict) -> int:
+    """The tpu device an op call ran on (its first tpu tensor's or device argument's), where an
+    out-of-memory error is reported."""
+    for v in flatten_values([*args, *kwargs.values()]):
+        if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+            return v.device.index
+        if isinstance(v, torch.device) and v.type == "tpu" and v.index is not None:
+            return v.index
+    return _C._current_device()
+
+
 def _apply_check(check: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Runs a host check; it may return replacement arguments (a CPU scalar moved to the device)."""
     replaced = check(*args, **kwargs)
@@ -902,7 +931,7 @@ def _execute(entry: _Entry, lowering: Lowering, call: _Call, device: int, compil
     try:
         flat = entry.run(call.inputs, rng)
     except jax.errors.JaxRuntimeError as error:
-        memory.raise_if_out_of_memory(error, device, str(op))
+        memory.raise_if_out_of_memory(error, device, f"running {op}")
         raise
     if compile_start is not None:  # jax.jit traces and compiles on the first call
         metrics.record_compile("op", time.perf_counter() - compile_start)

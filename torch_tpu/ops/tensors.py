@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from torch_tpu import _C, metrics
+from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import spmd, storage_locks
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, to_numpy_dtype
@@ -46,7 +47,9 @@ def _zeros_fn(n: int, dtype: np.dtype, device: int) -> Callable:
 
 def _zeros(n: int, dtype: np.dtype, device: int) -> jax.Array:
     """Zeros made on the device (no host buffer, no transfer)."""
-    return _zeros_fn(n, dtype, device)()
+    nbytes = n * np.dtype(dtype).itemsize
+    with memory.out_of_memory_as_torch(device, "materializing a never-written tensor's storage", nbytes):
+        return _zeros_fn(n, dtype, device)()
 
 
 def tensor_geometry(t: torch.Tensor, buf: jax.Array):

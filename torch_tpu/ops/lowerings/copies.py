@@ -6,6 +6,7 @@ import jax
 import torch
 
 from torch_tpu import _C, metrics
+from torch_tpu.device import memory
 from torch_tpu.ops import host_tier, storage_locks
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
@@ -30,7 +31,8 @@ def cpu_to_jax(t: torch.Tensor, device: int) -> jax.Array:
     array = (t.view(carrier) if carrier else t).numpy().copy()
     if carrier:
         array = array.view(dtype)
-    value = jax.device_put(array, client.jax_device(device))
+    with memory.out_of_memory_as_torch(device, "copying a CPU tensor to the device", array.nbytes):
+        value = jax.device_put(array, client.jax_device(device))
     return reshape(value, shape) if len(shape) > _NUMPY_MAX_DIMS else value
 
 
@@ -79,7 +81,8 @@ def _copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     if src.device.type == "tpu" and dst.device.type == "tpu":
         value = to_jax(src)
         if src.device.index != dst.device.index:
-            value = jax.device_put(value, client.jax_device(dst.device.index))
+            with memory.out_of_memory_as_torch(dst.device.index, "copying between devices", src.nbytes):
+                value = jax.device_put(value, client.jax_device(dst.device.index))
     elif src.device.type == "tpu":
         value = jax_to_cpu(to_jax(src))
         dst.copy_(value)
