@@ -635,6 +635,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--interleave", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode= for the compiled modes")
     parser.add_argument("--cache-dir", default=None, help="torch_tpu's persistent compile cache (default: fresh)")
+    parser.add_argument("--commit", default=None, help="torch_tpu's commit to print, where the tree has no .git")
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: from the device kind")
     parser.add_argument("--loss-rtol", type=float, default=5e-3, help="losses match within this relative diff")
     parser.add_argument("--json", default=None, help="write the results here (after each group)")
@@ -682,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "run_id": f"{time.time():.0f}.{os.getpid()}",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "torch_tpu": _git_commit(),
+        "torch_tpu": args.commit or _git_commit(),
         "torch": torch.__version__,
         "jax": jax.__version__,
         "platform": torch_tpu.platform(),
