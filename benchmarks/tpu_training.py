@@ -638,7 +638,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--commit", default=None, help="torch_tpu's commit to print, where the tree has no .git")
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: from the device kind")
     parser.add_argument("--loss-rtol", type=float, default=5e-3, help="losses match within this relative diff")
-    parser.add_argument("--json", default=None, help="write the results here (after each group)")
+    parser.add_argument("--json", default=None, help="write the results here (after each mode)")
     parser.add_argument("--markdown", default=None, help="write a markdown report here")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="combine earlier --json outputs")
     args = parser.parse_args(argv)
