@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -132,6 +133,18 @@ def pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, extra)
     return jnp.pad(x, widths, constant_values=value)
+
+
+def dot_precision(*operands) -> lax.Precision:
+    """The precision of a kernel's matrix products of `operands`: float32 ones follow torch's
+    float32 matmul precision (Mosaic has one bfloat16 pass, DEFAULT, for "medium" and exact
+    float32, HIGHEST, for "high" and "highest"); other dtypes are exact in one pass. Read when
+    the kernel is traced (part of the op's cache key)."""
+    from torch_tpu.ops import precision  # (the ops package imports the kernels' custom ops)
+
+    if operands and all(jnp.dtype(x.dtype) == jnp.float32 for x in operands):
+        return lax.Precision.DEFAULT if precision.matmul(*operands) == lax.Precision.DEFAULT else lax.Precision.HIGHEST
+    return lax.Precision.DEFAULT
 
 
 def compute_dtype(dtype):

@@ -37,12 +37,12 @@ _MAX_BLOCK = 512
 _A_BT = (((1,), (1,)), ((), ()))  # a @ b.T
 
 
-def _dot_t(a: jax.Array, b: jax.Array) -> jax.Array:
-    return lax.dot_general(a, b, _A_BT, preferred_element_type=jnp.float32)
+def _dot_t(a: jax.Array, b: jax.Array, precision) -> jax.Array:
+    return lax.dot_general(a, b, _A_BT, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
-    return lax.dot(a, b, preferred_element_type=jnp.float32)
+def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
+    return lax.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
 
 
 def _valid(q_block, kv_block, block_q: int, block_k: int, kv_len: int, kv_pad: int, causal: bool):
@@ -81,7 +81,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, s
         acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
     def _step():
-        s = _dot_t(q_ref[...], k_ref[...]) * sm_scale
+        s = _dot_t(q_ref[...], k_ref[...], p.precision) * sm_scale
         valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
         if valid is not None:
             s = jnp.where(valid, s, NEG_INF)
@@ -94,7 +94,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, s
         l_scr[...] = alpha * l_prev + jnp.sum(probs, axis=1)[:, None]
         m_scr[...] = m_next
         v = v_ref[...]
-        acc_scr[...] = acc_scr[...] * _pallas.to_lanes(alpha, p.dv) + _dot(probs.astype(v.dtype), v)
+        acc_scr[...] = acc_scr[...] * _pallas.to_lanes(alpha, p.dv) + _dot(probs.astype(v.dtype), v, p.precision)
 
     if causal:
         pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
@@ -109,12 +109,12 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, s
         lse_ref[...] = m_scr[...] + jnp.log(denom)
 
 
-def _probs_and_ds(q, k, v, do, lse, delta, valid, sm_scale, block_k):
+def _probs_and_ds(q, k, v, do, lse, delta, valid, sm_scale, p):
     """Recomputed probabilities and the score gradient (before sm_scale) of one block pair."""
-    probs = jnp.exp(_dot_t(q, k) * sm_scale - _pallas.to_lanes(lse, block_k))
+    probs = jnp.exp(_dot_t(q, k, p.precision) * sm_scale - _pallas.to_lanes(lse, p.block_k))
     if valid is not None:
         probs = jnp.where(valid, probs, 0.0)
-    ds = probs * (_dot_t(do, v) - _pallas.to_lanes(delta, block_k))
+    ds = probs * (_dot_t(do, v, p.precision) - _pallas.to_lanes(delta, p.block_k))
     return probs, ds
 
 
@@ -128,10 +128,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_scr, 
     def _step():
         k = k_ref[...]
         valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
-        _, ds = _probs_and_ds(
-            q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...], delta_ref[...], valid, sm_scale, p.block_k
-        )
-        dq_scr[...] += _dot(ds.astype(k.dtype), k)
+        _, ds = _probs_and_ds(q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...], delta_ref[...], valid, sm_scale, p)
+        dq_scr[...] += _dot(ds.astype(k.dtype), k, p.precision)
 
     if causal:
         pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
@@ -158,11 +156,9 @@ def _dkv_kernel(
     def _step():
         q, do = q_ref[...], do_ref[...]
         valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
-        probs, ds = _probs_and_ds(
-            q, k_ref[...], v_ref[...], do, lse_ref[...], delta_ref[...], valid, sm_scale, p.block_k
-        )
-        dv_scr[...] += _dot(probs.T.astype(do.dtype), do)
-        dk_scr[...] += _dot(ds.T.astype(q.dtype), q)
+        probs, ds = _probs_and_ds(q, k_ref[...], v_ref[...], do, lse_ref[...], delta_ref[...], valid, sm_scale, p)
+        dv_scr[...] += _dot(probs.T.astype(do.dtype), do, p.precision)
+        dk_scr[...] += _dot(ds.T.astype(q.dtype), q, p.precision)
 
     if causal:
         pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
@@ -181,7 +177,8 @@ def _dkv_kernel(
 class _Blocks:
     """Block sizes and padded extents of one attention problem (static: shapes and dtype)."""
 
-    def __init__(self, q_shape, k_shape, v_shape, dtype):
+    def __init__(self, q_shape, k_shape, v_shape, dtype, precision):
+        self.precision = precision
         self.batch, self.heads, self.q_len, self.head_dim = q_shape
         self.kv_heads, self.kv_len, self.v_dim = k_shape[1], k_shape[2], v_shape[3]
         self.group = self.heads // self.kv_heads
@@ -226,7 +223,7 @@ def flash_attention_forward(q, k, v, causal: bool, sm_scale: float):
     """(out, logsumexp) for q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv); logsumexp is float32 (B, H, L)."""
     out_dtype = q.dtype
     q, k, v = _as_computed(q, k, v)
-    p = _Blocks(q.shape, k.shape, v.shape, q.dtype)
+    p = _Blocks(q.shape, k.shape, v.shape, q.dtype, _pallas.dot_precision(q, k, v))
     group = p.group
     q_spec = pl.BlockSpec((None, None, p.block_q, p.d), lambda b, h, i, j: (b, h, i, 0))
     kv_spec = lambda dim: pl.BlockSpec(
@@ -258,7 +255,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: fl
     dtypes = (q.dtype, k.dtype, v.dtype)
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     q, k, v, dout = _as_computed(q, k, v, dout)
-    p = _Blocks(q.shape, k.shape, v.shape, q.dtype)
+    p = _Blocks(q.shape, k.shape, v.shape, q.dtype, _pallas.dot_precision(q, k, v))
     qp, kp, vp, dop = p.q(q, p.d), p.kv(k, p.d), p.kv(v, p.dv), p.q(dout, p.dv)
     lsep = _pallas.across_lanes(_pallas.pad_to(lse.astype(jnp.float32), 2, p.q_pad))
     deltap = _pallas.across_lanes(_pallas.pad_to(delta, 2, p.q_pad))

@@ -38,8 +38,8 @@ def _whole_or(length: int, largest: int, multiple: int) -> int:
 class _Tiles:
     """Blocks, padded extents and the visit count of one grouped matmul (static)."""
 
-    def __init__(self, m: int, k: int, n: int, groups: int, dtype):
-        self.m, self.k, self.n, self.groups = m, k, n, groups
+    def __init__(self, m: int, k: int, n: int, groups: int, dtype, precision):
+        self.m, self.k, self.n, self.groups, self.precision = m, k, n, groups, precision
         self.block_m = _pallas.row_block(m, dtype, _MAX_BLOCK)
         self.block_k = _whole_or(k, _MAX_BLOCK, _pallas.LANES)
         self.block_n = _whole_or(n, _MAX_BLOCK, _pallas.LANES)
@@ -91,7 +91,7 @@ def _gmm_kernel(tile_ref, group_ref, offsets_ref, count_ref, lhs_ref, rhs_ref, o
         lhs = lhs_ref[...]
         mine = _rows_of_group(tile, group_ref[v], offsets_ref, lhs.shape, t.block_m)
         lhs = jnp.where(mine, lhs, jnp.zeros_like(lhs))
-        acc_scr[...] += jax.lax.dot(lhs, rhs_ref[...], preferred_element_type=jnp.float32)
+        acc_scr[...] += jax.lax.dot(lhs, rhs_ref[...], precision=t.precision, preferred_element_type=jnp.float32)
 
     @pl.when(ends_tile & (kk == last_k))
     def _finish():
@@ -114,7 +114,7 @@ def _tgmm_kernel(tile_ref, group_ref, offsets_ref, count_ref, lhs_ref, grad_ref,
         lhs = lhs_ref[...]
         mine = _rows_of_group(tile_ref[v], group, offsets_ref, lhs.shape, t.block_m)
         lhs = jnp.where(mine, lhs, jnp.zeros_like(lhs))
-        acc_scr[...] += jax.lax.dot(lhs.T, grad_ref[...], preferred_element_type=jnp.float32)
+        acc_scr[...] += jax.lax.dot(lhs.T, grad_ref[...], precision=t.precision, preferred_element_type=jnp.float32)
 
     @pl.when(ends_group)
     def _finish():
@@ -131,7 +131,7 @@ def gmm_jax(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array
     out_dtype = lhs.dtype
     lhs, rhs = _as_computed(lhs, rhs)
     (m, k), (groups, _, n) = lhs.shape, rhs.shape
-    t = _Tiles(m, k, n, groups, lhs.dtype)
+    t = _Tiles(m, k, n, groups, lhs.dtype, _pallas.dot_precision(lhs, rhs))
     tile, group, offsets, count = _visits(group_sizes, t)
     lhs_p = _pallas.pad_to(_pallas.pad_to(lhs, 0, t.m_pad), 1, t.k_pad)
     rhs_p = _pallas.pad_to(_pallas.pad_to(rhs, 1, t.k_pad), 2, t.n_pad)
@@ -160,7 +160,7 @@ def tgmm_jax(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array) -> jax.Arr
     out_dtype = lhs.dtype
     lhs, grad = _as_computed(lhs, grad.astype(lhs.dtype))
     (m, k), n, groups = lhs.shape, grad.shape[1], group_sizes.shape[0]
-    t = _Tiles(m, k, n, groups, lhs.dtype)
+    t = _Tiles(m, k, n, groups, lhs.dtype, _pallas.dot_precision(lhs, grad))
     tile, group, offsets, count = _visits(group_sizes, t)
     lhs_p = _pallas.pad_to(_pallas.pad_to(lhs, 0, t.m_pad), 1, t.k_pad)
     grad_p = _pallas.pad_to(_pallas.pad_to(grad, 0, t.m_pad), 1, t.n_pad)

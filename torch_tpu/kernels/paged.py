@@ -30,7 +30,9 @@ from torch_tpu.kernels._pallas import ARBITRARY, LANES, NEG_INF, PARALLEL
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _paged_kernel(lengths_ref, pages_ref, q_ref, k_ref, v_ref, o_ref, m_scr, l_scr, acc_scr, *, sm_scale, page_size, d):
+def _paged_kernel(
+    lengths_ref, pages_ref, q_ref, k_ref, v_ref, o_ref, m_scr, l_scr, acc_scr, *, sm_scale, page_size, d, precision
+):
     # Grid (sequence b, key head h, page i): one page of the sequence's cache per step.
     b, i = pl.program_id(0), pl.program_id(2)
     length = lengths_ref[b]
@@ -44,7 +46,8 @@ def _paged_kernel(lengths_ref, pages_ref, q_ref, k_ref, v_ref, o_ref, m_scr, l_s
     @pl.when(i * page_size < length)
     def _step():
         q, k, v = q_ref[...], k_ref[...], v_ref[...]
-        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * sm_scale
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32)
+        s = s * sm_scale
         cols = i * page_size + lax.broadcasted_iota(jnp.int32, s.shape, 1)
         valid = cols < length
         s = jnp.where(valid, s, NEG_INF)
@@ -54,7 +57,7 @@ def _paged_kernel(lengths_ref, pages_ref, q_ref, k_ref, v_ref, o_ref, m_scr, l_s
         alpha = jnp.exp(m_prev - m_next)
         l_scr[...] = alpha * l_scr[...] + jnp.sum(probs, axis=1)[:, None]
         m_scr[...] = m_next
-        pv = lax.dot(probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        pv = lax.dot(probs.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
         acc_scr[...] = acc_scr[...] * _pallas.to_lanes(alpha, d) + pv
 
     @pl.when(i == pl.num_programs(2) - 1)
@@ -101,7 +104,9 @@ def paged_attention_jax(q, k_pages, v_pages, lengths, page_indices, sm_scale: fl
         ],
     )
     out = _pallas.call(
-        functools.partial(_paged_kernel, sm_scale=sm_scale, page_size=page_size, d=d),
+        functools.partial(
+            _paged_kernel, sm_scale=sm_scale, page_size=page_size, d=d, precision=_pallas.dot_precision(q, k_pages)
+        ),
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(qg.shape, dtype),
         semantics=(PARALLEL, PARALLEL, ARBITRARY),
