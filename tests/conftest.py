@@ -19,6 +19,23 @@ import torch
 import torch_tpu
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cpu_client: pins behaviour of the XLA CPU client itself (the host tier, the compile worker, "
+        "the fused XLA attention standing in for Pallas); skipped on other platforms (the TPU lane)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch_tpu.platform() == "cpu":
+        return
+    skip = pytest.mark.skip(reason=f"CPU-client behaviour; tpu tensors run on {torch_tpu.platform()} here")
+    for item in items:
+        if item.get_closest_marker("cpu_client") is not None:
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config):
     own = os.path.join(tempfile.gettempdir(), f"torch_tpu_test_cache_{os.getpid()}")
     if os.environ.get("TORCH_TPU_CACHE_DIR") == own:

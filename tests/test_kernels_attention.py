@@ -135,6 +135,7 @@ def test_sdpa_routes_causal_gqa_to_flash(monkeypatch, capfd):
     assert "sdpa: flash attention" in capfd.readouterr().err
 
 
+@pytest.mark.cpu_client
 @pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float32, F32_TOL), (torch.bfloat16, BF16_TOL)], ids=["float32", "bfloat16"]
 )
