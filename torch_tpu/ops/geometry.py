@@ -137,8 +137,56 @@ def _permuted_block(geom: Geometry):
     return order
 
 
+class _Grid(NamedTuple):
+    """A strided view as a slice of a reshaped window of the buffer: the window
+    flat[offset : offset + length] reshaped to `shape` holds the view's elements at
+    [0:sizes[order[0]], 0:sizes[order[1]], ..., 0:1] (dims in `order`: outermost first)."""
+
+    order: tuple[int, ...]  # the view's dims of size > 1 and stride != 0, by stride, largest first
+    shape: tuple[int, ...]  # the window's shape: (size of order[0], stride ratios..., innermost stride)
+    length: int  # elements in the window
+
+
+def _grid(geom: Geometry) -> _Grid | None:
+    """The view as a window slice (reshape + slice: what TPUs copy fast, where a gather is
+    slow), or None for a layout whose strides do not nest (an overlapping view, unfold)."""
+    order = tuple(
+        sorted((d for d, s in enumerate(geom.sizes) if s != 1 and geom.strides[d] != 0), key=lambda d: -geom.strides[d])
+    )
+    if not order:
+        return _Grid((), (1,), 1)
+    strides = [geom.strides[d] for d in order]
+    sizes = [geom.sizes[d] for d in order]
+    for i in range(len(order) - 1):
+        if strides[i] % strides[i + 1] or strides[i] < strides[i + 1] * sizes[i + 1]:
+            return None
+    shape = (sizes[0], *(strides[i] // strides[i + 1] for i in range(len(order) - 1)), strides[-1])
+    return _Grid(order, shape, sizes[0] * strides[0])
+
+
+def _window(flat: jnp.ndarray, geom: Geometry, grid: _Grid) -> jnp.ndarray:
+    """flat[offset : offset + grid.length] (zero-padded past the buffer's end), as grid.shape."""
+    end = geom.offset + grid.length
+    if end > flat.size:
+        flat = jnp.concatenate([flat, jnp.zeros(end - flat.size, flat.dtype)])
+    return lax.slice(flat, (geom.offset,), (end,)).reshape(grid.shape)
+
+
+def _grid_limits(geom: Geometry, grid: _Grid) -> tuple[int, ...]:
+    return (*(geom.sizes[d] for d in grid.order), 1)
+
+
+def _to_view(value: jnp.ndarray, geom: Geometry, order) -> jnp.ndarray:
+    """`value` with dims `order` (outermost first) moved to their view positions and the view's
+    other dims (size 1, or stride 0) broadcast."""
+    positions = sorted(order)
+    value = lax.transpose(value, [order.index(p) for p in positions])
+    return lax.broadcast_in_dim(value, geom.sizes, positions)
+
+
 def read(buf: jnp.ndarray, geom: Geometry) -> jnp.ndarray:
-    """The view's value, traced: a reshape, slice/transpose/broadcast, or gather."""
+    """The view's value, traced: a reshape, a slice/transpose/broadcast, a slice of a reshaped
+    window of the buffer, or (overlapping strides) a gather."""
     if geom.is_whole:
         return buf.reshape(geom.sizes)
     flat = _as_dtype(buf, geom.dtype, storage_elements(geom))
@@ -148,11 +196,11 @@ def read(buf: jnp.ndarray, geom: Geometry) -> jnp.ndarray:
     if order is not None:
         block = math.prod(geom.sizes[d] for d in order)
         value = lax.slice(flat, (geom.offset,), (geom.offset + block,))
-        value = value.reshape([geom.sizes[d] for d in order])
-        # Move block dims to their view positions, then broadcast the rest.
-        positions = sorted(order)
-        value = lax.transpose(value, [order.index(p) for p in positions])
-        return lax.broadcast_in_dim(value, geom.sizes, positions)
+        return _to_view(value.reshape([geom.sizes[d] for d in order]), geom, order)
+    grid = _grid(geom)
+    if grid is not None:
+        value = lax.slice(_window(flat, geom, grid), (0,) * len(grid.shape), _grid_limits(geom, grid))
+        return _to_view(value.reshape(_grid_limits(geom, grid)[:-1]), geom, list(grid.order))
     return flat[_flat_indices(geom)]
 
 
@@ -163,15 +211,36 @@ def write(buf: jnp.ndarray, geom: Geometry, value: jnp.ndarray) -> jnp.ndarray:
     if geom.is_whole:
         return value.reshape(buf.shape)
     flat = _as_dtype(buf, geom.dtype, storage_elements(geom))
+    grid = None if geom.numel == 0 or is_contiguous(geom.sizes, geom.strides) else _grid(geom)
     if geom.numel == 0:
         new = flat
     elif is_contiguous(geom.sizes, geom.strides):
         new = lax.dynamic_update_slice(flat, value.reshape(-1), (geom.offset,))
+    elif grid is not None and all(geom.strides[d] != 0 for d, n in enumerate(geom.sizes) if n > 1):
+        new = _write_window(flat, geom, grid, value)
     else:
         new = flat.at[_flat_indices(geom).reshape(-1)].set(value.reshape(-1))
     if buf.ndim != 1 and new.dtype == buf.dtype and new.size == buf.size:
         return new.reshape(buf.shape)
     return new
+
+
+def _write_window(flat: jnp.ndarray, geom: Geometry, grid: _Grid, value: jnp.ndarray) -> jnp.ndarray:
+    """`flat` with the view's elements replaced by `value`, through the view's window (an update
+    slice, not a scatter)."""
+    limits = _grid_limits(geom, grid)
+    value = lax.transpose(value.reshape([n for n in geom.sizes if n != 1] or [1]), _squeezed_order(geom, grid.order))
+    window = lax.dynamic_update_slice(_window(flat, geom, grid), value.reshape(limits), (0,) * len(limits))
+    size = flat.size
+    if geom.offset + grid.length > size:  # the window ran past the buffer's end: back to its length
+        flat = jnp.concatenate([flat, jnp.zeros(geom.offset + grid.length - size, flat.dtype)])
+    return lax.dynamic_update_slice(flat, window.reshape(-1), (geom.offset,))[:size]
+
+
+def _squeezed_order(geom: Geometry, order) -> list[int]:
+    """The permutation taking the view's dims of size > 1 (in view order) to `order`."""
+    kept = [d for d, n in enumerate(geom.sizes) if n != 1]
+    return [kept.index(d) for d in order] if order else [0]
 
 
 def check_no_internal_overlap(geom) -> None:
