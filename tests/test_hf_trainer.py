@@ -110,7 +110,9 @@ def test_accelerate_bf16_loop_trains_on_tpu(monkeypatch):
         net, optimizer, loader = accelerator.prepare(net, optimizer, loader)
         losses, seen = [], set()
         first = accelerator.unwrap_model(net)[0]
-        first.register_forward_hook(lambda m, i, out: seen.add((i[0].device.type, m.weight.device.type, out.dtype)))
+        first.register_forward_hook(
+            lambda m, i, out, seen=seen: seen.add((i[0].device.type, m.weight.device.type, out.dtype))
+        )
         for xb, yb in loader:
             loss = torch.nn.functional.mse_loss(net(xb).float(), yb)
             accelerator.backward(loss)

@@ -22,7 +22,10 @@ from typing import Any
 import torch
 
 NAME = "torch_tpu"
-_REGISTRIES = {"pytorch_lightning.accelerators": "pytorch_lightning", "lightning.pytorch.accelerators": "lightning.pytorch"}
+_REGISTRIES = {
+    "pytorch_lightning.accelerators": "pytorch_lightning",
+    "lightning.pytorch.accelerators": "lightning.pytorch",
+}
 _classes: dict[str, type] = {}
 
 
@@ -153,4 +156,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torch_tpu.lightning' has no attribute {name!r}")
 
 
-__all__ = ["NAME", "TPUAccelerator", "install"]
+__all__ = ["NAME", "TPUAccelerator", "install"]  # noqa: F822 (TPUAccelerator comes from __getattr__)
