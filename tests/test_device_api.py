@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import torch_tpu
+from torch_tpu.device.memory_debug import _format_size
 from torch_tpu.device.properties import tpu_generation
 
 LEGACY = {
@@ -103,7 +104,9 @@ def test_memory_summary_is_cudas_table(monkeypatch):
         assert re.search(r"TPU OOMs: 0 +\| +allocation retries: 0", ours[3])
         renamed = [line.replace("GPU", "TPU") for line in cudas[5:]]
         assert ours[5:] == renamed
-    assert "Allocated memory      |   4000 B" in torch.tpu.memory_summary(0)
+    allocated = torch.tpu.memory_allocated(0)
+    assert f"Allocated memory      | {_format_size(allocated, allocated)} |" in torch.tpu.memory_summary(0)
+    assert _format_size(4000, 4000) == "  4000 B  " and _format_size(3 << 20, 3 << 20) == "  3072 KiB"
 
 
 def test_memory_stats_nested_and_accumulated_reset():
