@@ -55,6 +55,8 @@ def _torch_tpu_wheel_impl(ctx):
     args.add("--requires_python", "==%s.*" % ".".join(PYTHON_VERSION.split(".")[:2]))
     args.add_all(ctx.files.locks, before_each = "--lock")
     args.add_all(ctx.attr.requires, before_each = "--requires")
+    for extra in sorted(ctx.attr.extras):
+        args.add_all(["%s=%s" % (extra, r) for r in ctx.attr.extras[extra]], before_each = "--extra")
     args.add("--entry_points", entry_points)
     for path in sorted(entries):
         args.add("--file", "%s=%s" % (path, entries[path].path))
@@ -90,6 +92,9 @@ torch_tpu_wheel = rule(
         ),
         "locks": attr.label_list(mandatory = True, allow_files = True, doc = "Lock files whose pins must satisfy `requires`."),
         "requires": attr.string_list(doc = "Requires-Dist lines, e.g. torch>=2.13,<2.15."),
+        "extras": attr.string_list_dict(
+            doc = 'Optional extras: name -> Requires-Dist lines (pip install "torch_tpu[name]"); locks pin them too.',
+        ),
         "_builder": attr.label(
             default = "//ci/wheel:build_wheel",
             executable = True,

@@ -389,6 +389,16 @@ BufferView view_at(const c10::DataPtr& ptr, size_t nbytes) {
 
 }  // namespace
 
+std::vector<std::tuple<int, uintptr_t, size_t>> live_buffers() {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  std::vector<std::tuple<int, uintptr_t, size_t>> out;
+  out.reserve(g_live.size());
+  for (const auto& [address, buffer] : g_live) {
+    out.emplace_back(buffer->device(), address, buffer->nbytes());
+  }
+  return out;
+}
+
 BufferView view_of(const c10::Storage& storage) { return view_at(storage.data_ptr(), storage.nbytes()); }
 
 DeviceBuffer& buffer_of(const c10::Storage& storage) { return *view_of(storage).buffer; }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 namespace torch_tpu {
@@ -36,6 +37,7 @@ class DeviceBuffer {
   // Caller holds the GIL.
   void set_array(PyObject* array, c10::ScalarType dtype = c10::ScalarType::Undefined, int64_t numel = -1);
   bool written() const { return array_ != nullptr || host_.defined(); }  // else it reads as zeros
+  bool has_array() const { return array_ != nullptr; }  // a jax array or a lazy value (not a host value)
   c10::ScalarType array_dtype() const { return array_dtype_; }
   int64_t array_numel() const { return array_numel_; }
 
@@ -91,6 +93,9 @@ void set_host_hooks(PyObject* to_dlpack, PyObject* from_dlpack, PyObject* jax_de
 // pending values (every other read does).
 void set_lazy_recording(bool on);
 bool lazy_recording();
+
+// Every live buffer as (device, address, bytes), by address (torch.tpu.memory_snapshot).
+std::vector<std::tuple<int, uintptr_t, size_t>> live_buffers();
 
 // Makes a DataPtr owning a fresh DeviceBuffer on `device`.
 c10::DataPtr allocate_buffer(int device, size_t nbytes);

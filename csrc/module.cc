@@ -153,6 +153,7 @@ PYBIND11_MODULE(_C, m) {
   init_host_tier(m);
 
   m.def("_memory_stats", &memory_stats, py::arg("device"));
+  m.def("_live_buffers", &live_buffers);
   m.def("_reset_peak_memory_stats", [](int d) { core::BufferRegistry::instance().reset_peak(d); });
   m.def("_set_memory_limit", [](int d, int64_t limit) { core::BufferRegistry::instance().set_limit(d, limit); },
         py::arg("device"), py::arg("limit"));

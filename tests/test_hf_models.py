@@ -104,3 +104,17 @@ def test_generate_matches_cpu(models):
     tokens = native_only(lambda: tpu_model.generate(prompt.to("tpu"), **settings))
     assert tokens.shape == (1, 12)
     torch.testing.assert_close(tokens.cpu(), expected, rtol=0, atol=0)
+
+
+def test_mixtral_compiles_in_float32(fresh_dynamo):
+    """torch._grouped_mm traced in float32 (torch's meta function takes bfloat16 only)."""
+    torch.manual_seed(0)
+    cpu_model = _mixtral().eval()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    compiled = torch.compile(tpu_model, backend="tpu")
+    ids = _ids(2, 16)
+    with torch.no_grad():
+        expected = cpu_model(ids).logits
+        logits = compiled(ids.to("tpu")).logits
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits.cpu(), expected, rtol=1e-4, atol=1e-4)

@@ -1,9 +1,11 @@
-"""Hugging Face Trainer(bf16=True) through accelerate on tpu: 5 steps of a tiny Llama match CPU's bf16
-run. accelerate knows no PrivateUse1 device: ACCELERATE_TORCH_DEVICE=tpu picks it (docs/autocast.md)."""
+"""Hugging Face Trainer(bf16=True) and accelerate on tpu: 5 steps of a tiny Llama match CPU's bf16
+run. accelerate 1.16 finds the tpu through torch.accelerator (no ACCELERATE_TORCH_DEVICE): the
+model trains on tpu, never silently on CPU (accelerate 1.15 left it there)."""
 
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import os
 import tempfile
 
@@ -30,8 +32,23 @@ class _Tokens(Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
+ACCELERATE_FLOOR = (1, 16)  # the first accelerate that finds PrivateUse1 devices (torch_tpu[hf])
+
+
+def _version(package: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in importlib.metadata.version(package).split(".")[:2])
+
+
+def test_accelerate_is_new_enough_to_find_tpu():
+    assert _version("accelerate") >= ACCELERATE_FLOOR
+    from accelerate import PartialState
+
+    accelerate_state.AcceleratorState._reset_state(True)
+    assert PartialState().device.type == "tpu"
+
+
 def _train(model, device: str, monkeypatch) -> tuple[list[float], set]:
-    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", device)
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)  # found, not told
     accelerate_state.AcceleratorState._reset_state(True)
     args = transformers.TrainingArguments(
         output_dir=tempfile.mkdtemp(),
@@ -48,6 +65,7 @@ def _train(model, device: str, monkeypatch) -> tuple[list[float], set]:
         disable_tqdm=True,
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens())
+    assert trainer.args.device.type == device
     seen = set()  # (device, autocast on, dtype) of the first linear's output
     hook = trainer.model.model.layers[0].self_attn.q_proj.register_forward_hook(
         lambda m, i, out: seen.add((out.device.type, torch.is_autocast_enabled(device), out.dtype))
@@ -70,3 +88,40 @@ def test_trainer_bf16_llama_matches_cpu(monkeypatch):
     assert tpu_seen == {("tpu", True, torch.bfloat16)}
     assert len(tpu_losses) == 5
     torch.testing.assert_close(tpu_losses, cpu_losses, rtol=2e-2, atol=2e-2)
+
+
+def test_accelerate_bf16_loop_trains_on_tpu(monkeypatch):
+    """A plain accelerate loop, Accelerator(mixed_precision="bf16"): model, batches and autocast on
+    tpu, and the losses of CPU's bf16 run."""
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
+    accelerate = pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=g)
+    data = torch.utils.data.TensorDataset(x, x.pow(2).sum(1, keepdim=True))
+    runs = {}
+    for cpu in (True, False):
+        accelerate_state.AcceleratorState._reset_state(True)
+        accelerator = accelerate.Accelerator(mixed_precision="bf16", cpu=cpu)
+        net = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        loader = torch.utils.data.DataLoader(data, batch_size=16)
+        net, optimizer, loader = accelerator.prepare(net, optimizer, loader)
+        losses, seen = [], set()
+        first = accelerator.unwrap_model(net)[0]
+        first.register_forward_hook(
+            lambda m, i, out, seen=seen: seen.add((i[0].device.type, m.weight.device.type, out.dtype))
+        )
+        for xb, yb in loader:
+            loss = torch.nn.functional.mse_loss(net(xb).float(), yb)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        runs[accelerator.device.type] = losses, seen
+    accelerate_state.AcceleratorState._reset_state(True)
+    assert set(runs) == {"cpu", "tpu"}
+    assert runs["tpu"][1] == {("tpu", "tpu", torch.bfloat16)}
+    assert runs["cpu"][1] == {("cpu", "cpu", torch.bfloat16)}
+    torch.testing.assert_close(runs["tpu"][0], runs["cpu"][0], rtol=2e-2, atol=2e-2)

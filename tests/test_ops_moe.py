@@ -91,6 +91,36 @@ def test_grouped_mm_compiled(fresh_dynamo):
     torch.testing.assert_close(got.cpu(), torch._grouped_mm(a, b, offs=offs) * 2, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    "a,b,offs",
+    [
+        ((16, 32), (4, 32, 16), _offs(3, 3, 10, 16)),
+        ((4, 8, 32), (32, 16), _offs(2, 8, 8, 16)),
+        ((8, 16), (16, 24), _offs(4, 8, 8, 16)),
+        ((4, 8, 32), (4, 32, 16), None),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_grouped_mm_compiled_in_every_eager_dtype(fresh_dynamo, a, b, offs, dtype):
+    """torch's meta function takes bfloat16 only; tracing tpu inputs takes what eager takes."""
+    a, b = _rand(*a, dtype=dtype).to("tpu"), _rand(*b, dtype=dtype).to("tpu")
+    offs = None if offs is None else offs.to("tpu")
+    fn = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, offs=o) * 2, backend="tpu", fullgraph=True)
+    got = fn(a, b, offs)
+    assert torch_tpu.metrics.counters().get("graph_eager_ops", 0) == 0
+    assert got.dtype == dtype and got.is_contiguous()
+    torch.testing.assert_close(got.cpu(), (torch._grouped_mm(a, b, offs=offs) * 2).cpu(), rtol=0, atol=0)
+
+
+def test_grouped_mm_compiled_errors_match_eager(fresh_dynamo):
+    a, b = _rand(16, 32, dtype=torch.float32).to("tpu"), _rand(4, 32, 16, dtype=torch.float32).to("tpu")
+    fn = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, offs=o), backend="tpu", fullgraph=True)
+    with pytest.raises(RuntimeError, match="Offsets have to be int32"):
+        fn(a, b, _offs(3, 3, 10, 16).long().to("tpu"))
+    with pytest.raises(RuntimeError, match="Expected mat_a to be Float32, BFloat16 or Float16 matrix"):
+        fn(a.int(), b, _offs(3, 3, 10, 16).to("tpu"))
+
+
 def test_grouped_mm_errors():
     a, b = _rand(16, 32), _rand(4, 32, 16)
     same_error(lambda a, b, o: torch._grouped_mm(a, b, offs=o), a, b, _offs(3, 3, 10, 16).long())

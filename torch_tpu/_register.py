@@ -3,7 +3,8 @@
 Every import-time side effect of torch_tpu is a call from `register()`, in order: the
 persistent compile cache, the PrivateUse1 rename and the C++ device surface, the device list,
 `torch.tpu` (and its hooks), the op lowerings (the Pallas SDPA routing among them),
-torch.compile's "tpu" backend, the c10d backend "tpu", and this process's stats file for tpu-info.
+torch.compile's "tpu" backend, the c10d backend "tpu", Lightning's "torch_tpu" accelerator (registered
+when Lightning is imported), and this process's stats file for tpu-info.
 
 A client that cannot be created (e.g. an invalid TORCH_TPU_PLATFORM) does not fail the import:
 the backend registers with no devices, and the first tpu use (`torch.tpu.init()`, which torch
@@ -73,6 +74,10 @@ def register() -> None:
     from torch_tpu.distributed import c10d
 
     c10d.register()
+
+    from torch_tpu import lightning
+
+    lightning.install()  # the "torch_tpu" accelerator, once Lightning is imported
 
     if client_error is None:
         from torch_tpu.tools import stats_file

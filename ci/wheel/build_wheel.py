@@ -93,8 +93,20 @@ def check_requires(requires, locks):
                 )
 
 
+def parse_extras(specs):
+    """["hf=accelerate>=1.16", ...] -> {"hf": ["accelerate>=1.16", ...]} (extras in order of name)."""
+    extras = {}
+    for spec in specs:
+        name, sep, requirement = spec.partition("=")
+        if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or not requirement:
+            raise SystemExit("expected --extra NAME=REQUIREMENT, got %r" % spec)
+        extras.setdefault(name, []).append(requirement)
+    return dict(sorted(extras.items()))
+
+
 def build(args):
-    check_requires(args.requires, args.lock)
+    extras = parse_extras(args.extra)
+    check_requires(args.requires + [r for reqs in extras.values() for r in reqs], args.lock)
     requires = list(args.requires)
 
     dist_info = "%s-%s.dist-info" % (_escape(args.name), _escape(args.version))
@@ -104,6 +116,9 @@ def build(args):
     if args.requires_python:
         metadata.append("Requires-Python: " + args.requires_python)
     metadata += ["Requires-Dist: " + r for r in requires]
+    for extra, extra_requires in extras.items():
+        metadata.append("Provides-Extra: " + extra)
+        metadata += ['Requires-Dist: %s; extra == "%s"' % (r, extra) for r in extra_requires]
     wheel = [
         "Wheel-Version: 1.0",
         "Generator: torch_tpu ci/wheel/build_wheel.py",
@@ -160,6 +175,9 @@ def main(argv=None):
     parser.add_argument("--requires_python", default="")
     parser.add_argument("--lock", action="append", default=[], help="a lock file the ranges must cover")
     parser.add_argument("--requires", action="append", default=[], help="Requires-Dist, e.g. torch>=2.13,<2.15")
+    parser.add_argument(
+        "--extra", action="append", default=[], help="an optional extra's requirement: NAME=REQUIREMENT"
+    )
     parser.add_argument("--entry_points", required=True)
     parser.add_argument("--file", action="append", default=[], help="PATH_IN_WHEEL=SOURCE")
     build(parser.parse_args(argv))

@@ -53,11 +53,27 @@ class WheelTest(unittest.TestCase):
             self.assertEqual(int(size), len(data), path)
 
     def test_requires_dist_ranges_cover_every_lock(self):
-        requires = [l.split(": ", 1)[1] for l in self.read("METADATA").splitlines() if l.startswith("Requires-Dist:")]
+        lines = [l.split(": ", 1)[1] for l in self.read("METADATA").splitlines() if l.startswith("Requires-Dist:")]
+        requires = [l for l in lines if "; extra ==" not in l]
         self.assertEqual(requires, ["torch>=2.13,<2.15", "jax>=0.10.2,<0.11", "jaxlib>=0.10.2,<0.11", "numpy>=2.0,<3"])
         torches = sorted(build_wheel.read_lock(lock)["torch"] for lock in LOCKS)
         self.assertEqual(torches, ["2.13.0", "2.14.1"])
         build_wheel.check_requires(requires, LOCKS)  # raises SystemExit if not
+
+    def test_extras_state_the_integrations_floors(self):
+        metadata = self.read("METADATA").splitlines()
+        provided = [l for l in metadata if l.startswith("Provides-Extra:")]
+        self.assertEqual(provided, ["Provides-Extra: hf", "Provides-Extra: lightning"])
+        extras = [l.split(": ", 1)[1] for l in metadata if "; extra ==" in l]
+        self.assertEqual(
+            extras,
+            [
+                'accelerate>=1.16; extra == "hf"',
+                'transformers>=5.0; extra == "hf"',
+                'pytorch-lightning>=2.6; extra == "lightning"',
+            ],
+        )
+        build_wheel.check_requires([e.split(";")[0] for e in extras], LOCKS)
 
     def test_ranges_are_checked(self):
         self.assertTrue(build_wheel.satisfies("2.14.1", ">=2.13,<2.15"))

@@ -1,9 +1,10 @@
 """`torch.tpu`: the device module, mirroring `torch.cuda`.
 
 Devices take an int, a "tpu"/"tpu:N" string, a torch.device or None (the current device).
-The functions live in devices.py, streams.py, random.py and memory.py, the legacy typed
-storage classes in storages.py; this module gathers
-them under torch.tpu's names.
+The functions live in devices.py, streams.py, random.py, memory.py, memory_debug.py (memory
+summaries, snapshots and torch.cuda's other memory-debugging calls) and telemetry.py (utilization
+and capability queries), the legacy typed storage classes in storages.py; this module gathers
+them under torch.tpu's names. tests/test_device_api.py counts them against torch.cuda's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,28 @@ from torch_tpu.device.memory import (
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
 )
+from torch_tpu.device.memory_debug import (
+    MemPool,
+    OutOfMemoryError,
+    caching_allocator_alloc,
+    caching_allocator_delete,
+    device_memory_used,
+    get_allocator_backend,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
+    ipc_collect,
+    list_gpu_processes,
+    max_memory_cached,
+    memory_cached,
+    memory_snapshot,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    reset_accumulated_host_memory_stats,
+    reset_accumulated_memory_stats,
+    reset_max_memory_cached,
+    reset_peak_host_memory_stats,
+    use_mem_pool,
+)
 from torch_tpu.device.properties import (
     _is_in_bad_fork,
     _TpuDeviceProperties,
@@ -51,6 +74,7 @@ from torch_tpu.device.properties import (
 )
 from torch_tpu.device.random import (
     default_generator,
+    default_generators,
     get_rng_state,
     get_rng_state_all,
     initial_seed,
@@ -84,6 +108,19 @@ from torch_tpu.device.streams import (
     set_stream,
     stream,
 )
+from torch_tpu.device.telemetry import (
+    can_device_access_peer,
+    clock_rate,
+    get_arch_list,
+    get_sync_debug_mode,
+    is_current_stream_capturing,
+    is_tf32_supported,
+    memory_usage,
+    power_draw,
+    set_sync_debug_mode,
+    temperature,
+    utilization,
+)
 
 __all__ = [
     "BFloat16Storage",
@@ -99,6 +136,8 @@ __all__ = [
     "HalfStorage",
     "IntStorage",
     "LongStorage",
+    "MemPool",
+    "OutOfMemoryError",
     "ShortStorage",
     "Stream",
     "StreamContext",
@@ -110,36 +149,62 @@ __all__ = [
     "_ordinal",
     "_valid",
     "amp",
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "can_device_access_peer",
+    "clock_rate",
     "current_device",
     "current_stream",
     "default_generator",
+    "default_generators",
     "default_stream",
     "device",
     "device_count",
+    "device_memory_used",
     "device_of",
     "empty_cache",
+    "get_allocator_backend",
     "get_amp_supported_dtype",
+    "get_arch_list",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
     "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
+    "get_sync_debug_mode",
+    "host_memory_stats",
+    "host_memory_stats_as_nested_dict",
     "init",
     "initial_seed",
+    "ipc_collect",
     "is_available",
     "is_bf16_supported",
+    "is_current_stream_capturing",
     "is_initialized",
+    "is_tf32_supported",
+    "list_gpu_processes",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
+    "max_memory_cached",
     "max_memory_reserved",
     "mem_get_info",
     "memory",
     "memory_allocated",
+    "memory_cached",
     "memory_reserved",
+    "memory_snapshot",
     "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "memory_usage",
+    "power_draw",
+    "reset_accumulated_host_memory_stats",
+    "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
+    "reset_max_memory_cached",
+    "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -148,6 +213,10 @@ __all__ = [
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
+    "set_sync_debug_mode",
     "stream",
     "synchronize",
+    "temperature",
+    "use_mem_pool",
+    "utilization",
 ]

@@ -47,13 +47,19 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 
 
+def tpu_generation(device_kind: str) -> int | None:
+    """The TPU generation in a jax device_kind: 4 for "TPU v4", 5 for "TPU v5 lite" (v5e) and
+    "TPU v5p", 6 for "TPU v6 lite", 7 for "TPU7x"; None if it names none."""
+    match = re.search(r"TPU\s*v?(\d+)|\bv(\d+)", device_kind)
+    return int(match.group(1) or match.group(2)) if match else None
+
+
 def get_device_capability(device: DeviceLike = None) -> tuple[int, int]:
-    """(major, minor): the TPU generation as (N, 0) ("TPU v5 lite" is (5, 0)), a GPU's compute
-    capability, and (0, 0) on the CPU client."""
+    """(major, minor): the TPU generation as (N, 0) (a v5e, "TPU v5 lite", is (5, 0)), a GPU's
+    compute capability, and (0, 0) on the XLA CPU client, which is no TPU generation."""
     props = get_device_properties(device)
     if props.platform == "tpu":
-        match = re.search(r"v(\d+)", props.name)
-        return (int(match.group(1)), 0) if match else (0, 0)
+        return (tpu_generation(props.name) or 0, 0)
     capability = getattr(client.jax_device(props.index), "compute_capability", None)
     if capability:
         major, _, minor = str(capability).partition(".")

@@ -7,6 +7,10 @@ import torch
 from torch_tpu import _C
 from torch_tpu.device.devices import DeviceLike, _index, device_count
 
+# One default generator per tpu device, as torch.cuda.default_generators (set at import: the
+# device list is known then).
+default_generators: tuple[torch.Generator, ...] = tuple(_C._default_generator(i) for i in range(_C._device_count()))
+
 
 def _generator(device: DeviceLike = None) -> torch.Generator:
     return _C._default_generator(_index(device))

@@ -2,8 +2,9 @@
 
 Offsets are cumulative group ends. Rows (or columns) past the last offset are left uninitialized
 by ATen's kernels; here they are 0. The eager kernel checks its inputs as CPU's kernel does
-(float32, float16 and bfloat16; torch's meta function, which a jit lowering is shaped by, takes
-bfloat16 only); graphs take the jax function.
+(float32, float16 and bfloat16); graphs take the jax function. torch's meta function takes
+bfloat16 only (CUDA's rule), so tracing (torch.compile, export) of tpu inputs uses the fake
+rule below: CPU's checks and the contiguous output the kernel makes, in every dtype eager takes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+from torch._subclasses import fake_impls
 
 from torch_tpu import metrics
 from torch_tpu.ops.registry import aten, lower
@@ -96,9 +98,25 @@ def _check(mat_a, mat_b, offs, bias, out_dtype) -> None:
         raise RuntimeError("batched dimension has to match")
 
 
-@lower(aten._grouped_mm.default, eager=True, graph=_grouped_mm)  # graphs: bfloat16, as meta allows
+@lower(aten._grouped_mm.default, eager=True, graph=_grouped_mm)
 def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     _check(self, mat2, offs, bias, out_dtype)
     metrics.bump("executions")
     out = _grouped_mm_jit(to_jax(self), to_jax(mat2), None if offs is None else to_jax(offs))
     return from_jax(out, self.device.index)
+
+
+def _out_size(mat_a, mat_b, offs) -> list:
+    if mat_a.dim() == 2:
+        return [offs.size(0), mat_a.size(0), mat_b.size(1)] if mat_b.dim() == 2 else [mat_a.size(0), mat_b.size(-1)]
+    return [mat_a.size(1), mat_b.size(1)] if mat_b.dim() == 2 else [mat_a.size(0), mat_a.size(1), mat_b.size(-1)]
+
+
+@fake_impls.register_op_impl(lambda func: func is aten._grouped_mm.default)
+def _fake_grouped_mm(fake_mode, func, mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """FakeTensor rule for tpu inputs (other devices keep torch's meta function)."""
+    if mat_a.device.type != "tpu":
+        return NotImplemented
+    _check(mat_a, mat_b, offs, bias, out_dtype)
+    with fake_mode:
+        return torch.empty(_out_size(mat_a, mat_b, offs), dtype=mat_a.dtype, device=mat_a.device)
