@@ -6,8 +6,8 @@ process, one at a time (one process holds the chip), and writes lane.md, lane.js
 
 Parts:
   env       platform, chip, versions
-  kernels   tests/test_kernels_*.py on the chip (Pallas kernels compiled by Mosaic), then
-            benchmarks/tpu_kernels.py (the kernels against XLA's own attention and ragged_dot)
+  kernels   tests/test_kernels_*.py on the chip (Pallas kernels compiled by Mosaic)
+  kernel_bench  benchmarks/tpu_kernels.py (the kernels against XLA's attention and ragged_dot)
   sync      ci/tpu/sync_check.py: synchronize() waits for work whose outputs were dropped
   tests     the test suite (--tests, default tests/test_*.py less ci/tpu/not_on_tpu.txt) in one
             pytest process, each test's outcome recorded; ci/tpu/expected_failures.txt lists the
@@ -35,7 +35,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 
-PARTS = ("env", "kernels", "sync", "tests", "hf", "examples", "ops", "training")
+PARTS = ("env", "kernels", "kernel_bench", "sync", "tests", "hf", "examples", "ops", "training")
 HARNESS_EXAMPLES = ("mingpt", "llama", "qwen", "resnet", "dlrm", "unet")
 OTHER_EXAMPLES = {
     "moe": ["examples/moe/gmm_moe.py", "--check"],
@@ -99,16 +99,12 @@ class Lane:
         return {"ok": code == 0 and found is not None, **(found or {})}
 
     def part_kernels(self) -> dict:
-        tests = self.pytest(
-            "kernels", sorted(str(p.relative_to(self.repo)) for p in self.repo.glob("tests/test_kernels_*.py")), 420
-        )
+        files = sorted(str(p.relative_to(self.repo)) for p in self.repo.glob("tests/test_kernels_*.py"))
+        return self.pytest("kernels", files, 420)
+
+    def part_kernel_bench(self) -> dict:
         code, output, seconds = self.python("kernel benchmark", ["benchmarks/tpu_kernels.py"], 300)
-        return {
-            "ok": tests["ok"] and code == 0,
-            "tests": tests,
-            "benchmark": _table_of(output),
-            "benchmark_seconds": seconds,
-        }
+        return {"ok": code == 0, "seconds": seconds, "table": _table_of(output)}
 
     def part_sync(self) -> dict:
         code, output, seconds = self.python("sync", ["ci/tpu/sync_check.py"], 300)
@@ -119,7 +115,9 @@ class Lane:
         return self.pytest("tests", files, self.args.test_seconds + 120, budget=self.args.test_seconds)
 
     def part_hf(self) -> dict:
-        return self.pytest("hf", ["tests/test_hf_models.py"], 600)
+        return self.pytest(
+            "hf", ["tests/test_hf_models.py"], self.args.test_seconds + 120, budget=self.args.test_seconds
+        )
 
     def part_examples(self) -> dict:
         examples = {}
@@ -210,6 +208,7 @@ def markdown(results: dict) -> str:
         f"{results['date']}, commit {results['commit']}; {env.get('device_kind', '?')} ({env.get('platform', '?')}), "
         f"torch {env.get('torch', '?')}, jax {env.get('jax', '?')}, torch_tpu {env.get('torch_tpu', '?')}.",
         "Made by `bash ci/tpu/lane.sh` (ci/tpu/lane.py).",
+        *[f"- run {r['date']}, commit {r['commit']}: {', '.join(r['parts'])}" for r in results.get("runs", [])],
         "",
         "| part | result |",
         "|---|---|",
@@ -217,7 +216,7 @@ def markdown(results: dict) -> str:
     for name, part in parts.items():
         lines.append(f"| {name} | {'pass' if part.get('ok') else 'FAIL'}{_summary(part)} |")
     for name in ("kernels", "tests", "hf"):
-        tests = parts.get(name, {}).get("tests") if name == "kernels" else parts.get(name)
+        tests = parts.get(name)
         if tests and tests.get("failures"):
             lines += ["", f"## {name}: failures", ""]
             lines += [f"- `{t}`: {why}" for t, why in tests["failures"].items()]
@@ -227,11 +226,11 @@ def markdown(results: dict) -> str:
             result = "pass" if e["ok"] else f"FAIL (exit {e['exit']})"
             lines.append(f"| {name} | {result} | {e['seconds']} |")
     for name, title in (
-        ("kernels", "Kernels against XLA"),
+        ("kernel_bench", "Kernels against XLA"),
         ("ops", "Eager op kinds against jax.jit"),
         ("training", "Training"),
     ):
-        table = parts.get(name, {}).get("benchmark" if name == "kernels" else "table")
+        table = parts.get(name, {}).get("table")
         if table:
             lines += ["", f"## {title}", "", table]
     if "sync" in parts and "dropped_ms" in parts["sync"]:
@@ -330,6 +329,22 @@ def _commit(repo: pathlib.Path) -> str:
         return "unknown"
 
 
+def merge(paths: list[str], out: pathlib.Path) -> int:
+    """One lane.json and lane.md from several runs (split over calls that each fit their time):
+    every run's parts, the later run's where two have the same part; each part keeps its run's
+    date and commit."""
+    merged: dict = {"parts": {}, "runs": []}
+    for path in paths:
+        run = json.loads(pathlib.Path(path).read_text())
+        merged["runs"].append({"date": run["date"], "commit": run["commit"], "parts": sorted(run["parts"])})
+        merged["parts"].update(run["parts"])
+        merged["date"], merged["commit"] = run["date"], run["commit"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lane.json").write_text(json.dumps(merged, indent=1, sort_keys=True))
+    (out / "lane.md").write_text(markdown(merged))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repo", default=str(pathlib.Path(__file__).resolve().parents[2]))
@@ -340,7 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-seconds", type=float, default=1800, help="time budget of the tests part")
     parser.add_argument("--platform", default="tpu", help="TORCH_TPU_PLATFORM for every part (cpu: try the lane)")
     parser.add_argument("--training-args", default="", help="arguments for benchmarks/tpu_training.py")
+    parser.add_argument(
+        "--merge", nargs="+", metavar="LANE_JSON", help="only combine earlier runs' lane.json (later parts win)"
+    )
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, pathlib.Path(args.out or "."))
     lane = Lane(args)
     parts = [p for p in args.parts.split(",") if p]
     for name in parts:
