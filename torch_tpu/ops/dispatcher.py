@@ -684,7 +684,10 @@ def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Ca
     if job.error is not None:
         return "now"
     if job.remote:  # compiled in the compile worker process: what its trace found comes with it
-        entry.run, state = executable_cache.from_bytes(job.result)
+        try:
+            entry.run, state = executable_cache.from_bytes(job.result)
+        except Exception:  # not loadable here (a host callback): this call compiles it
+            return "now"
         _, _, entry.mutable_specs, entry.out_tree, entry.fresh_layout, entry.reads_precision = state
     else:
         entry.run = job.result
