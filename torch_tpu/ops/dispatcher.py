@@ -24,9 +24,8 @@ import torch
 from torch._ops import OpOverload
 
 from torch_tpu import _C, debug, metrics
-from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import growing, host_tier, precision, spmd, storage_locks, tensors, view_gathers
+from torch_tpu.ops import growing, host_tier, out_of_memory, precision, spmd, storage_locks, tensors, view_gathers
 from torch_tpu.ops.checks import check_no_overlap
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, to_numpy_dtype
 from torch_tpu.ops.geometry import check_no_internal_overlap
@@ -463,7 +462,7 @@ def register_kernel(lib: torch.library.Library, op: OpOverload, lowering: Loweri
     """Registers `op`'s tpu kernel on dispatch key `key`: behind the C++ steady-state path
     (csrc/eager_kernel.cc) where the op can take it, else the Python kernel alone."""
     plan = OpPlan(op, derived)
-    kernel = make_kernel(op, lowering, derived, plan)
+    kernel = _out_of_memory_typed(make_kernel(op, lowering, derived, plan), str(op))
     fast = _fast_path_form(plan, lowering, key)
     if fast is None:
         lib.impl(op, kernel, key)
@@ -475,6 +474,30 @@ def register_kernel(lib: torch.library.Library, op: OpOverload, lowering: Loweri
     _C._register_eager_kernel(
         plan.label, schema.name, schema.overload_name, kernel, traced, inplace, storage_locks.table(), check
     )
+
+
+def _out_of_memory_typed(kernel: Callable, name: str) -> Callable:
+    """`kernel`, raising torch.OutOfMemoryError where XLA runs out of memory anywhere in it (an
+    executable's output, a never-written tensor's zeros, a transfer), as CUDA's kernels do."""
+
+    def run(*args, **kwargs):
+        try:
+            return kernel(*args, **kwargs)
+        except jax.errors.JaxRuntimeError as error:
+            out_of_memory.raise_typed(error, _device_of(args, kwargs), name)
+            raise
+
+    run.__name__ = kernel.__name__
+    return run
+
+
+def _device_of(args: tuple, kwargs: dict) -> int:
+    """The tpu index of a call's first tpu tensor (or list of them), else the current device."""
+    for v in (*args, *kwargs.values()):
+        for t in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+                return t.device.index
+    return _C._current_device()
 
 
 def _per_call_check(lowering: Lowering, derived: bool) -> Callable | None:
@@ -767,9 +790,11 @@ def _compile_in_background(first_call, inputs: list, level: str, dtype: torch.dt
 def _run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: list, device: int, entry=None):
     """The call on the host tier, or _FAILED when its CPU kernel raised or its fresh results are
     not laid out as `entry`'s executable's will be (the executable then runs the call, as it
-    would have without the host tier, and raises what it raises)."""
+    would have without the host tier, and raises what it raises). Out of memory raises."""
     try:
         result = host_tier.run(op, args, kwargs, device, _mutable_tensors(plan, bound))
+    except torch.OutOfMemoryError:  # (a tensor's value could not be computed): the executable's would fail too
+        raise
     except Exception:
         return _FAILED
     if entry is None:
@@ -905,7 +930,7 @@ def _execute(entry: _Entry, lowering: Lowering, call: _Call, device: int, compil
     try:
         flat = entry.run(call.inputs, rng)
     except jax.errors.JaxRuntimeError as error:
-        memory.raise_if_out_of_memory(error, device, str(op))
+        out_of_memory.raise_typed(error, device, str(op))
         raise
     if compile_start is not None:  # jax.jit traces and compiles on the first call
         metrics.record_compile("op", time.perf_counter() - compile_start)

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import jax
 import torch
 from jax._src.lib import _jax
 
 from torch_tpu import _C, metrics
-from torch_tpu.ops import spmd, tensors
+from torch_tpu.ops import out_of_memory, spmd, tensors
 from torch_tpu.runtime import background_compile, client
 
 _CPU = torch.device("cpu")
@@ -34,7 +35,22 @@ _CPU = torch.device("cpu")
 
 def install() -> None:
     """Gives the C++ buffers jax's DLPack functions (the moves between arrays and CPU tensors)."""
-    _C._set_host_hooks(_jax.buffer_to_dlpack_managed_tensor, _jax.dlpack_managed_tensor_to_buffer, client.jax_device)
+    _C._set_host_hooks(_to_dlpack, _jax.dlpack_managed_tensor_to_buffer, client.jax_device)
+
+
+def _to_dlpack(array):
+    """jax's DLPack export of `array` (a CPU tensor over its memory), once its value is computed.
+    An array whose computation failed (its output did not fit in memory: the CPU client reports
+    that when the value is awaited) raises its error here: exported, it would abort the process
+    (an XLA check). Out of memory raises torch.OutOfMemoryError."""
+    try:
+        array.block_until_ready()
+    except jax.errors.JaxRuntimeError as error:
+        devices = client.devices()
+        (device,) = array.devices()
+        out_of_memory.raise_typed(error, devices.index(device) if device in devices else 0)
+        raise
+    return _jax.buffer_to_dlpack_managed_tensor(array)
 
 
 def available() -> bool:
