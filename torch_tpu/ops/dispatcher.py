@@ -569,7 +569,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
     )
 
     # CPU's TensorIterator rule for an elementwise write: no input may share part of its memory.
-    # (Checked here only: the C++ path's in-place hits skip it, an xfail in the suite regressions.)
+    # (Checked here only: the C++ path hands an in-place call whose input shares self's buffer here.)
     elementwise = torch.Tag.pointwise in op.tags and bool(plan.mutable)
 
     def kernel(*args, **kwargs):
