@@ -103,6 +103,9 @@ struct Call {
   bool numbers = false;  // some input is a Python number (jax's call makes it an array)
   bool precision_in_key = false;  // the key holds the matmul precision
   int device = -1;
+  // An in-place op's self, once read: another input over its buffer sends the call to Python.
+  const c10::TensorImpl* self = nullptr;
+  const DeviceBuffer* self_buffer = nullptr;
 };
 
 // A schema argument as torch.library hands it to a Python kernel: dtypes, layouts and memory
@@ -376,6 +379,10 @@ class OpState {
       } else if (!read_value(v, call)) {
         return false;
       }
+      if (inplace_ && i == 0 && is_tpu(v)) {
+        call.self = v.toTensor().unsafeGetTensorImpl();
+        call.self_buffer = call.inputs.back().first;
+      }
     }
     append(key, static_cast<int8_t>(call.device));  // a direct call does not move inputs
     return call.device >= 0;  // neither a tpu tensor nor device=tpu: not a call of ours
@@ -492,6 +499,11 @@ class OpState {
     }
     const BufferView view = view_of(t.storage());
     DeviceBuffer& buffer = *view.buffer;
+    if (&buffer == call.self_buffer && t.unsafeGetTensorImpl() != call.self) {
+      // An input sharing memory with the tensor an in-place op writes (y.view(2, 3).add_(y[:3])):
+      // the Python kernel applies CPU's overlap checks (a partial overlap raises).
+      return false;
+    }
     const at::ScalarType dtype = t.scalar_type();
     if (!t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && view.offset == 0 &&
         buffer.array_dtype() == dtype && buffer.array_numel() == t.numel() && t.is_contiguous()) {

@@ -10,13 +10,17 @@ A compiled subset checks the data-dependent ones under torch.compile(backend="tp
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-import torch_tpu  # noqa: F401 - registers the tpu device
+import torch_tpu
 
 TPU = "tpu"
 
@@ -207,6 +211,9 @@ for _n in ["softmax", "log_softmax"]:
     case(f"reduction/{_n}/int_last_dim", lambda d, n=_n: getattr(torch, n)(_r(2, 3, dtype=torch.int64, dev=d), 1))
     case(f"reduction/{_n}/int_first_dim", lambda d, n=_n: getattr(torch, n)(_r(2, 3, dtype=torch.int64, dev=d), 0))
 case("reduction/max/empty", lambda d: torch.max(torch.empty(0, device=d)))
+case("reduction/unique/dim_out_of_range", lambda d: torch.unique(_t([1, 2, 3], d), dim=3))
+case("reduction/unique/0d_dim", lambda d: torch.unique(_t(5, d), dim=0))
+case("reduction/unique_consecutive/dim_out_of_range", lambda d: torch.unique_consecutive(_r(2, 2, dev=d), dim=-3))
 case("reduction/amax/empty_dim", lambda d: torch.amax(torch.empty(0, 3, device=d), 0))
 case("reduction/argmax/empty", lambda d: torch.argmax(torch.empty(0, device=d)))
 case("reduction/kthvalue/k_too_large", lambda d: torch.kthvalue(_r(3, dev=d), 4))
@@ -248,6 +255,18 @@ for _n, _f in _INDEXING.items():
     case(f"indexing/{_n}/index_too_negative", lambda d, f=_f: f(_r(5, 3, dev=d), _t([1, -9], d), d))
 for _n in ["index_select", "index_add", "index_copy", "index_fill", "gather"]:
     case(f"indexing/{_n}/float_index", lambda d, n=_n: _INDEXING[n](_r(5, 3, dev=d), _t([1.0, 2.0], d), d))
+case(
+    "indexing/embedding_bag/offsets_past_input",
+    lambda d: F.embedding_bag(_t([0, 1, 2], d), _r(5, 2, dev=d), _t([0, 5], d)),
+)
+case(
+    "indexing/embedding_bag/first_offset_not_zero",
+    lambda d: F.embedding_bag(_t([0, 1, 2], d), _r(5, 2, dev=d), _t([1, 2], d)),
+)
+case(
+    "indexing/embedding_bag/last_offset_past_input",
+    lambda d: F.embedding_bag(_t([0, 1, 2], d), _r(5, 2, dev=d), _t([0, 4], d), include_last_offset=True),
+)
 case("indexing/index_select/dim_out_of_range", lambda d: torch.index_select(_r(5, 3, dev=d), 2, _t([0], d)))
 case("indexing/index_select/2d_index", lambda d: torch.index_select(_r(5, 3, dev=d), 0, _t([[0]], d)))
 case("indexing/gather/index_rank", lambda d: torch.gather(_r(5, 3, dev=d), 0, _t([0], d)))
@@ -471,6 +490,13 @@ _LOSSES = {
     "nll_loss/target_float": lambda d: F.nll_loss(_r(4, 5, dev=d), _r(4, dev=d)),
     "nll_loss/target_shape": lambda d: F.nll_loss(_r(4, 5, dev=d), _t([0, 1], d)),
     "nll_loss2d/target_too_large": lambda d: F.nll_loss(_r(1, 3, 2, 2, dev=d), _t([[[0, 3], [1, 2]]], d)),
+    "cross_entropy/target_int32": lambda d: F.cross_entropy(torch.ones(3, 5).to(d), _t([0, 1, 2], d, torch.int32)),
+    "nll_loss2d/target_int32": lambda d: F.nll_loss(_r(1, 3, 2, 2, dev=d), _t([[[0, 1], [1, 2]]], d, torch.int32)),
+    "nll_loss2d/target_uint8": lambda d: F.nll_loss(_r(1, 3, 2, 2, dev=d), _t([[[0, 1], [1, 2]]], d, torch.uint8)),
+    "binary_cross_entropy/input_above_one": lambda d: F.binary_cross_entropy(_t([0.5, 1.5], d), _t([0.0, 1.0], d)),
+    "binary_cross_entropy/input_negative": lambda d: F.binary_cross_entropy(_t([-0.5, 0.5], d), _t([0.0, 1.0], d)),
+    "binary_cross_entropy/input_nan": lambda d: F.binary_cross_entropy(_t([0.5, float("nan")], d), _t([0.0, 1.0], d)),
+    "binary_cross_entropy/target_above_one": lambda d: F.binary_cross_entropy(_t([0.5, 0.5], d), _t([0.0, 2.0], d)),
     "binary_cross_entropy/target_shape": lambda d: F.binary_cross_entropy(torch.rand(3).to(d), torch.rand(4).to(d)),
     "binary_cross_entropy/bad_reduction": lambda d: F.binary_cross_entropy(
         torch.rand(3).to(d), torch.rand(3).to(d), reduction="bad"
@@ -603,6 +629,49 @@ def test_bad_input_raises_again(name):
     # The second call of a signature finds its executable cached: it still raises.
     for _ in range(2):
         assert isinstance(_error(CASES[name], TPU), type(_error(CASES[name], "cpu")))
+
+
+# Bad inputs that gave an answer where CPU raises, on the lowered path and on the host tier.
+_ONCE_ANSWERED = [
+    "reduction/unique/dim_out_of_range",
+    "indexing/embedding_bag/offsets_past_input",
+    "loss/cross_entropy/target_int32",
+    "loss/binary_cross_entropy/input_above_one",
+    "loss/binary_cross_entropy/input_negative",
+]
+
+_DEFAULT_MODE_SCRIPT = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("bad_inputs", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+found = {}
+for name in sys.argv[2:]:
+    cpu = module._error(module.CASES[name], "cpu")
+    found[name] = [type(cpu).__name__] + [type(module._error(module.CASES[name], "tpu")).__name__ for _ in range(3)]
+print(json.dumps(found))
+"""
+
+
+def test_bad_inputs_raise_cpu_class_with_the_default_async_compile(tmp_path):
+    """The same calls with the default asynchronous compile (first calls on the host tier while
+    they compile), in a fresh process: each raises CPU's class on every call."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_TPU_ASYNC_COMPILE"}
+    env.update(TORCH_TPU_CACHE_DIR=str(tmp_path), TORCH_TPU_EXIT_COMPILE_WAIT="0", TORCH_TPU_PLATFORM="cpu")
+    root = os.path.dirname(os.path.dirname(torch_tpu.__file__))  # the package under test, from any cwd
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run(
+        [sys.executable, "-c", _DEFAULT_MODE_SCRIPT, __file__, *_ONCE_ANSWERED],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name, (cpu, *tpu) in json.loads(result.stdout.strip().splitlines()[-1]).items():
+        assert cpu != "NoneType", name
+        assert tpu == [cpu] * 3, (name, cpu, tpu)
 
 
 # ---- compiled: the data-dependent checks ------------------------------------------------------

@@ -92,6 +92,29 @@ def test_inplace_through_the_fast_path_is_seen_by_views():
     assert view.cpu().tolist() == [[3.0, 3.0], [3.0, 3.0]]
 
 
+def test_inplace_calls_reading_self_s_buffer_get_cpus_overlap_rules():
+    """An in-place call whose input is self itself stays on the C++ path; one whose input is
+    another tensor over self's buffer goes to the Python kernel, which applies CPU's overlap
+    checks: disjoint parts and the whole of it run, a partial overlap raises, on every call."""
+    want, got = torch.arange(6.0), torch.arange(6.0).to("tpu")
+    for _ in range(3):
+        for t in (want, got):
+            t[:3].add_(t[3:])  # disjoint parts of one buffer
+            t.view(2, 3).mul_(t.view(2, 3))  # the whole buffer, another tensor
+        torch.testing.assert_close(got.cpu(), want)
+        with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+            got.view(2, 3).add_(got[:3])
+        torch.testing.assert_close(got.cpu(), want)
+    for t in (want, got):
+        t.add_(t)  # the miss: the Python kernel offers its entry
+    before = _native_hits()
+    for _ in range(2):
+        got.add_(got)  # self as its own input: C++ hits
+        want.add_(want)
+    assert _native_hits() == before + 2
+    torch.testing.assert_close(got.cpu(), want)
+
+
 def test_key_holds_the_default_dtype():
     x = torch.arange(4).to("tpu")
     assert (x + 2.5).dtype == torch.float32

@@ -164,8 +164,9 @@ def test_errors_are_cpus():
 
 
 def test_exit_with_compiles_pending_does_not_wait_for_them():
-    """A process that leaves many compiles queued drops them at exit: only the one compiling
-    then finishes (its atexit report counts the XLA compiles done)."""
+    """Without a persistent cache to keep them, a process that leaves many compiles queued drops
+    them at exit: only the one compiling then finishes (its atexit report counts the XLA compiles
+    done). With the cache, the exit finishes them (test_persistent_cache_warm.py)."""
     code = (
         "import atexit, torch, torch_tpu\n"
         "from torch_tpu.runtime import background_compile\n"

@@ -489,10 +489,6 @@ def test_is_set_to_and_local_scalar_dense_as_cpu():
         torch.ops.aten._local_scalar_dense(torch.randn(0, device=TPU))
 
 
-@xfail(
-    "the C++ path's in-place hits do not check overlap: once a.add_(b[:3]) is compiled, a call of the "
-    "same geometry whose input is part of self's own buffer runs (functionally) where CPU raises"
-)
 def test_an_overlapping_elementwise_write_raises_after_the_cpp_path_took_its_signature():
     # The C++ path runs hits of a.add_(b[:3]); a call of that signature whose input is a part of
     # self's own buffer must still reach the Python kernel's overlap check.

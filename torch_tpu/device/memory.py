@@ -106,11 +106,19 @@ def out_of_memory_message(device: int, what: str = "", nbytes: int | None = None
     return f"{text} XLA: {detail}" if detail else text
 
 
+def is_out_of_memory(error: Exception) -> bool:
+    """Whether `error` is XLA's out of memory: RESOURCE_EXHAUSTED on TPU and GPU clients; on the CPU
+    client a failed allocation of an output, reported when the value is awaited ("INTERNAL: Error
+    dispatching computation: Out of memory allocating N bytes")."""
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory allocating" in text
+
+
 def raise_if_out_of_memory(error: Exception, device: int, what: str = "", nbytes: int | None = None) -> None:
-    """Raises torch.OutOfMemoryError (from `error`) if `error` is XLA's RESOURCE_EXHAUSTED; its
-    first line is quoted (the whole of it stays as __cause__)."""
+    """Raises torch.OutOfMemoryError (from `error`) if `error` is XLA's out of memory; its first
+    line is quoted (the whole of it stays as __cause__)."""
     text = str(error).strip()
-    if "RESOURCE_EXHAUSTED" not in text:
+    if not is_out_of_memory(error):
         return
     raise torch.OutOfMemoryError(out_of_memory_message(device, what, nbytes, text.splitlines()[0])) from error
 

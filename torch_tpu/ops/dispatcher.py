@@ -546,7 +546,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
     )
 
     # CPU's TensorIterator rule for an elementwise write: no input may share part of its memory.
-    # (Checked here only: the C++ path's in-place hits skip it, an xfail in the suite regressions.)
+    # (Checked here only: the C++ path hands an in-place call whose input shares self's buffer here.)
     elementwise = torch.Tag.pointwise in op.tags and bool(plan.mutable)
 
     def kernel(*args, **kwargs):
@@ -688,7 +688,10 @@ def _background_state(entry: _Entry, lowering: Lowering, plan: OpPlan, call: _Ca
     if job.error is not None:
         return "now"
     if job.remote:  # compiled in the compile worker process: what its trace found comes with it
-        entry.run, state = executable_cache.from_bytes(job.result)
+        try:
+            entry.run, state = executable_cache.from_bytes(job.result)
+        except Exception:  # not loadable here (a host callback): this call compiles it
+            return "now"
         _, _, entry.mutable_specs, entry.out_tree, entry.fresh_layout, entry.reads_precision = state
     else:
         entry.run = job.result
@@ -768,9 +771,11 @@ def _compile_in_background(first_call, inputs: list, level: str, dtype: torch.dt
 def _run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: list, device: int, entry=None):
     """The call on the host tier, or _FAILED when its CPU kernel raised or its fresh results are
     not laid out as `entry`'s executable's will be (the executable then runs the call, as it
-    would have without the host tier, and raises what it raises)."""
+    would have without the host tier, and raises what it raises). Out of memory raises."""
     try:
         result = host_tier.run(op, args, kwargs, device, _mutable_tensors(plan, bound))
+    except torch.OutOfMemoryError:  # (a tensor's value could not be computed): the executable's would fail too
+        raise
     except Exception:
         return _FAILED
     if entry is None:

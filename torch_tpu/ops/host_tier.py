@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import jax
 import torch
 from jax._src.lib import _jax
 
 from torch_tpu import _C, metrics
+from torch_tpu.device import memory
 from torch_tpu.ops import spmd, tensors
 from torch_tpu.runtime import background_compile, client
 
@@ -34,7 +36,22 @@ _CPU = torch.device("cpu")
 
 def install() -> None:
     """Gives the C++ buffers jax's DLPack functions (the moves between arrays and CPU tensors)."""
-    _C._set_host_hooks(_jax.buffer_to_dlpack_managed_tensor, _jax.dlpack_managed_tensor_to_buffer, client.jax_device)
+    _C._set_host_hooks(_to_dlpack, _jax.dlpack_managed_tensor_to_buffer, client.jax_device)
+
+
+def _to_dlpack(array):
+    """jax's DLPack export of `array` (a CPU tensor over its memory), once its value is computed.
+    An array whose computation failed (its output did not fit in memory: the CPU client reports
+    that when the value is awaited) raises its error here: exported, it would abort the process
+    (an XLA check). Out of memory raises torch.OutOfMemoryError."""
+    try:
+        array.block_until_ready()
+    except jax.errors.JaxRuntimeError as error:
+        devices = client.devices()
+        (device,) = array.devices()
+        memory.raise_if_out_of_memory(error, devices.index(device) if device in devices else 0)
+        raise
+    return _jax.buffer_to_dlpack_managed_tensor(array)
 
 
 def available() -> bool:
@@ -64,41 +81,47 @@ def run(op, args: tuple, kwargs: dict, device: int, mutated: Iterable = ()):
     wrote)."""
     written = {id(t) for t in mutated if t is not None}
     views: dict[int, torch.Tensor] = {}  # id(view) -> the tpu tensor it reads
-
-    def to_host(x, writable_pass: bool):
-        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-            if (id(x) in written) != writable_pass:
-                return x
-            view = _C._host_view(x, writable_pass)
-            views[id(view)] = x
-            return view
-        if isinstance(x, (list, tuple)):
-            return type(x)(to_host(v, writable_pass) for v in x)
-        if isinstance(x, torch.device) and x.type == "tpu":
-            return _CPU
-        return x
-
     # The written storages first: the other arguments' views then read their private copies.
+    # (Plain recursive functions, not closures: a closure calling itself is a reference cycle
+    # that would keep the call's tensors alive until the garbage collector runs.)
     for writable_pass in (True, False):
-        args = tuple(to_host(a, writable_pass) for a in args)
-        kwargs = {k: to_host(v, writable_pass) for k, v in kwargs.items()}
+        args = tuple(_to_host(a, writable_pass, written, views) for a in args)
+        kwargs = {k: _to_host(v, writable_pass, written, views) for k, v in kwargs.items()}
     with _C._HostThreads():  # one intra-op thread fewer: a compile keeps a core busy (host_tier.h)
         result = op(*args, **kwargs)  # (args keep the views, so their ids stay theirs)
     metrics.bump("host_tier_runs")
     storages = {_storage(v) for v in _leaves((args, kwargs))}
+    return _to_device(result, device, views, storages)
 
-    def to_device(value):
-        if isinstance(value, (list, tuple)):
-            return type(value)(to_device(v) for v in value)
-        if not isinstance(value, torch.Tensor):
-            return value
-        if id(value) in views:
-            return views[id(value)]  # the op handed back its argument (in place)
-        if _storage(value) in storages:
-            value = value.clone()  # a kernel that handed back an input's memory: the result owns its own
-        return _C._wrap_host(value, device)
 
-    return to_device(result)
+def _to_host(x, writable_pass: bool, written: set, views: dict):
+    """`x` with its tpu tensors read as CPU views (those in `written` in the writable pass, the
+    others in the other), each view recorded in `views`."""
+    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+        if (id(x) in written) != writable_pass:
+            return x
+        view = _C._host_view(x, writable_pass)
+        views[id(view)] = x
+        return view
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_host(v, writable_pass, written, views) for v in x)
+    if isinstance(x, torch.device) and x.type == "tpu":
+        return _CPU
+    return x
+
+
+def _to_device(value, device: int, views: dict, storages: set):
+    """A host-tier result as tpu tensors: an argument's view as that argument, a fresh CPU
+    tensor wrapped (copied first if it is an input's memory, `storages`)."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device, views, storages) for v in value)
+    if not isinstance(value, torch.Tensor):
+        return value
+    if id(value) in views:
+        return views[id(value)]  # the op handed back its argument (in place)
+    if _storage(value) in storages:
+        value = value.clone()  # a kernel that handed back an input's memory: the result owns its own
+    return _C._wrap_host(value, device)
 
 
 def _storage(t: torch.Tensor) -> int:

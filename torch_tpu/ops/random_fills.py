@@ -22,7 +22,7 @@ from torch_tpu import _C, metrics
 from torch_tpu.ops import growing, storage_locks
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
 from torch_tpu.ops.registry import FrontPath
-from torch_tpu.ops.rng import key_data, key_from_data_jit
+from torch_tpu.ops.rng import key_data, key_from_data
 from torch_tpu.runtime import executable_cache
 
 # Tensors up to this many elements are filled through a bucket (at most twice their memory).
@@ -48,9 +48,11 @@ def _static(value) -> bool:
 
 
 @functools.partial(executable_cache.jit, static_argnames=("fill", "capacity", "dtype", "args", "kwargs"))
-def _draw(key, fill, capacity, dtype, args, kwargs):
-    """`capacity` numbers of fill `fill` as a flat array of `dtype`."""
+def _draw(data, fill, capacity, dtype, args, kwargs):
+    """`capacity` numbers of fill `fill` as a flat array of `dtype`, drawn with the key of `data`
+    (a row of rng.key_data: a uint32 array keys the persistent cache, a jax key array would not)."""
     blank = jnp.zeros((capacity,), dtype)  # the lowering reads only its shape and dtype
+    key = key_from_data(data)
     return jnp.asarray(_FILLS[fill](blank, *args, rng=key, **dict(kwargs))).astype(dtype).reshape(-1)
 
 
@@ -82,10 +84,10 @@ def bucketed(fn: Callable, op) -> FrontPath:
         if not takes(self, *args, **kwargs) or not _meta_accepts(op, name, self, args, statics):
             return None
         device = self.device.index
-        key = key_from_data_jit(key_data(generator, device, 1)[0])
+        data = key_data(generator, device, 1)[0]
         capacity = growing.bucket(self.numel())
         dtype = TORCH_TO_NUMPY[self.dtype]
-        flat = _draw(key, name, capacity, dtype, args, statics)
+        flat = _draw(data, name, capacity, dtype, args, statics)
         with storage_locks.held([self]):
             _C._set_buffer(self, flat, self.dtype, capacity)  # the buffer is longer than the storage
         metrics.bump("bucketed_random_fills")

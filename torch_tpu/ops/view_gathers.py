@@ -97,20 +97,21 @@ def gather(t: torch.Tensor) -> torch.Tensor | None:
 def substitute(args: tuple, kwargs: dict, skip: set[int]) -> tuple[tuple, dict] | None:
     """args/kwargs with each small view (other than the tensors whose id is in `skip`) gathered;
     None if none was."""
-    changed = False
-
-    def swap(x):
-        nonlocal changed
-        if isinstance(x, torch.Tensor) and x.device.type == "tpu" and id(x) not in skip:
-            copy = gather(x)
-            if copy is not None:
-                changed = True
-                return copy
-            return x
-        if isinstance(x, (list, tuple)):
-            return type(x)(swap(v) for v in x)
-        return x
-
-    new_args = tuple(swap(a) for a in args)
-    new_kwargs = {k: swap(v) for k, v in kwargs.items()}
+    changed: list[bool] = []
+    new_args = tuple(_swap(a, skip, changed) for a in args)
+    new_kwargs = {k: _swap(v, skip, changed) for k, v in kwargs.items()}
     return (new_args, new_kwargs) if changed else None
+
+
+def _swap(x, skip: set[int], changed: list[bool]):
+    """`x` with its small views gathered (a recursive function, not a closure: no reference
+    cycle); appends to `changed` for each."""
+    if isinstance(x, torch.Tensor) and x.device.type == "tpu" and id(x) not in skip:
+        copy = gather(x)
+        if copy is None:
+            return x
+        changed.append(True)
+        return copy
+    if isinstance(x, (list, tuple)):
+        return type(x)(_swap(v, skip, changed) for v in x)
+    return x

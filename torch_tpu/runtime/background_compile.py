@@ -11,8 +11,16 @@ worker process (compile_worker.py), whose tracing does not contend for this proc
 the thread only waits on its pipe. Others (and every job under TORCH_TPU_ASYNC_COMPILE=thread,
 or when the worker cannot run) compile on the thread itself.
 
-`TORCH_TPU_ASYNC_COMPILE=0` turns this off: every first call compiles before it runs. At
-interpreter exit, jobs not started are dropped and the worker is ended.
+`TORCH_TPU_ASYNC_COMPILE=0` turns this off: every first call compiles before it runs.
+
+Every compiled executable is written to the persistent cache as soon as it is ready (by the
+worker, or by the thread), so the next run loads it. A short program ends before most of its
+compiles are done (the worker alone takes seconds to start): at interpreter exit, while the
+persistent cache is in use, the exit waits for the jobs still pending, up to
+TORCH_TPU_EXIT_COMPILE_WAIT seconds (default 120; 0 drops them), so the next run of the same
+program compiles nothing it compiled before. A worker still starting then is ended and the
+thread compiles the rest itself; Ctrl-C skips the wait. Then jobs not started are dropped and
+the worker is ended.
 """
 
 from __future__ import annotations
@@ -28,17 +36,19 @@ from typing import Any
 import jax
 
 from torch_tpu import metrics
-from torch_tpu.runtime import client, compile_worker
+from torch_tpu.runtime import client, compile_worker, persistent_cache
 
 _cond = threading.Condition()
 _pending: list[Job] = []  # submitted, not started
 _running: Job | None = None
 _thread: threading.Thread | None = None
 _stopping = False
+_finishing = False  # the interpreter exits and waits for the pending jobs (see _finish)
 _order = itertools.count()
 _process: compile_worker.Worker | None = None
 _process_failed = False
 SWITCH_INTERVAL = 2e-4  # seconds: the interpreter's thread switch interval while a compile runs
+DEFAULT_EXIT_WAIT = 120.0  # seconds the exit waits for pending compiles (TORCH_TPU_EXIT_COMPILE_WAIT)
 
 
 def _mode() -> str:
@@ -131,6 +141,9 @@ def _work() -> None:
                 job.remote = worker is not None
             except (pickle.PicklingError, TypeError, AttributeError):  # a request that cannot travel
                 pass
+            except compile_worker.WorkerError:
+                if not _finishing:  # its caller compiles it at its next call
+                    raise
             if not job.remote:
                 if _stopping:  # the worker was ended for the exit: nothing more compiles
                     raise RuntimeError("torch_tpu: the interpreter is exiting")
@@ -160,7 +173,9 @@ def _worker() -> compile_worker.Worker | None:
     global _process, _process_failed
     if _process is not None and _process.alive():
         return _process
-    if _stopping or _process_failed or _mode() == "thread" or client.platform() != "cpu" or jax.process_count() > 1:
+    if _stopping or _finishing or _process_failed or _mode() == "thread":
+        return None
+    if client.platform() != "cpu" or jax.process_count() > 1:
         return None
     try:
         _process = compile_worker.Worker()  # known before its start completes: _stop can end it
@@ -171,8 +186,46 @@ def _worker() -> compile_worker.Worker | None:
     return _process
 
 
+def exit_wait() -> float:
+    """TORCH_TPU_EXIT_COMPILE_WAIT: how long the interpreter's exit waits for pending compiles
+    (seconds; default DEFAULT_EXIT_WAIT, 0 drops them)."""
+    text = os.environ.get("TORCH_TPU_EXIT_COMPILE_WAIT", "").strip()
+    try:
+        return max(0.0, float(text)) if text else DEFAULT_EXIT_WAIT
+    except ValueError:
+        return DEFAULT_EXIT_WAIT
+
+
+def _finish(timeout: float) -> None:
+    """At exit: waits up to `timeout` seconds for the pending jobs, whose executables go to the
+    persistent cache (nothing else would use them). A worker still starting is ended: the
+    thread compiles the rest (a start takes seconds, a small op's compile tens of ms)."""
+    global _finishing
+    store = persistent_cache.store()
+    if timeout <= 0 or store is None or not store.writable or jax.process_count() > 1:
+        return
+    with _cond:
+        count = len(_pending) + (_running is not None)
+        if not count:
+            return
+        _finishing = True
+    process = _process
+    if process is not None and not process.ready:
+        process.kill()  # its start fails, and the thread compiles instead
+    print(
+        f"torch_tpu: finishing {count} background compile(s) for the persistent cache (Ctrl-C skips)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        drain(timeout)
+    except KeyboardInterrupt:
+        pass
+
+
 def _stop() -> None:
     global _stopping
+    _finish(exit_wait())
     with _cond:
         _stopping = True
         for job in _pending:

@@ -126,6 +126,7 @@ class Worker:
             env=env,
             cwd=tempfile.gettempdir(),  # never a source tree that would shadow the installed package
         )
+        self.ready = False  # its start completed (wait_ready)
 
     def wait_ready(self) -> None:
         """Waits for the worker's start (its imports); raises WorkerError if it did not start."""
@@ -136,6 +137,7 @@ class Worker:
         if ready != "ready":
             self.close()
             raise WorkerError("the compile worker did not start")
+        self.ready = True
 
     def compile(self, request: tuple) -> bytes:
         """The serialized executable for `request` (see executable_cache.from_bytes)."""
@@ -154,6 +156,11 @@ class Worker:
 
     def alive(self) -> bool:
         return self._proc.poll() is None
+
+    def kill(self) -> None:
+        """Ends the worker without waiting; the thread reading its pipe sees it gone."""
+        if self._proc.poll() is None:
+            self._proc.kill()
 
     def close(self) -> None:
         """Ends the worker now (a compile it is running is lost)."""

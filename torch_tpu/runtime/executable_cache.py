@@ -7,7 +7,7 @@ its static arguments and the shapes, dtypes and placements of its array
 arguments (for an eager op: the op, the input geometry and static args; for a
 graph: the FX graph's own text and the input signature), plus `fingerprint()`
 (platform, devices, XLA flags, torch/jax/torch_tpu versions and torch_tpu's
-source). A hit deserializes the executable (jax.experimental.serialize_executable)
+build identity). A hit deserializes the executable (jax.experimental.serialize_executable)
 with the caller's metadata: nothing is traced, lowered or compiled.
 
 `jit` is a drop-in for `jax.jit` over positional and keyword arguments;
@@ -89,7 +89,7 @@ def fingerprint() -> str:
     parts = [
         f"torch {torch.__version__}",
         f"jax {jax.__version__} jaxlib {jaxlib.__version__}",
-        f"torch_tpu {torch_tpu.__version__} {_source_hash()}",
+        f"torch_tpu {torch_tpu.__version__} build {build_identity()}",
         f"platform {client.platform()} {devices[0].client.platform_version}",
         f"devices {len(devices)} {getattr(devices[0], 'device_kind', '')}",
         f"XLA_FLAGS {os.environ.get('XLA_FLAGS', '')}",
@@ -99,26 +99,32 @@ def fingerprint() -> str:
     return "\n".join(parts)
 
 
-def _source_hash() -> str:
-    """A hash of torch_tpu's Python sources (relative paths and contents) and of its extension's size:
-    a changed lowering must not load an executable built from the old one."""
+@functools.cache
+def build_identity() -> str:
+    """A hash of this build of torch_tpu: its Python sources (relative paths and contents) and the
+    bytes of the C++ extension this process loaded. The version string is the same for every
+    build, so an executable lowered by another build (another lowering, another extension) must
+    not load."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames):
-            if name.endswith(".py") or name.startswith("_C"):
+            if name.endswith(".py"):
                 path = os.path.join(dirpath, name)
-                h.update(os.path.relpath(path, root).encode())
-                try:
-                    if name.endswith(".py"):
-                        with open(path, "rb") as f:
-                            h.update(f.read())
-                    else:
-                        h.update(str(os.path.getsize(path)).encode())
-                except OSError:
-                    h.update(b"?")
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                h.update(_file_digest(path))
+    extension = getattr(sys.modules.get("torch_tpu._C"), "__file__", None)
+    h.update(b"extension\0" + (_file_digest(extension) if extension else b"none"))
     return h.hexdigest()[:16]
+
+
+def _file_digest(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).digest()
+    except OSError:
+        return b"?"
 
 
 def stable_text(value: Any) -> str | None:
@@ -161,21 +167,60 @@ def to_bytes(compiled, meta: Any = None) -> bytes | None:
         return None
     try:
         payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-        return pickle.dumps((ids, payload, in_tree, out_tree, meta), protocol=pickle.HIGHEST_PROTOCOL)
+        needs = custom_calls(compiled)
+        return pickle.dumps((ids, needs, payload, in_tree, out_tree, meta), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # not serializable: keep it in memory only
         debug.log("cache", f"not serialized ({type(error).__name__}: {error})")
         return None
 
 
 def from_bytes(body: bytes) -> tuple[Any, Any]:
-    """(compiled, meta) of `to_bytes`'s bytes, loaded on this process's devices. Raises if not loadable."""
-    ids, payload, in_tree, out_tree, meta = pickle.loads(body)
+    """(compiled, meta) of `to_bytes`'s bytes, loaded on this process's devices, with what its
+    custom calls need set up (`prepare_custom_calls`). Raises if not loadable here."""
+    ids, needs, payload, in_tree, out_tree, meta = pickle.loads(body)
+    prepare_custom_calls(needs)
     by_id = {d.id: d for d in client.devices()}
     devices = [by_id[i] for i in ids]
     compiled = serialize_executable.deserialize_and_load(
         payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices
     )
     return compiled, meta
+
+
+_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
+
+
+def custom_calls(compiled) -> tuple[str, ...] | None:
+    """The custom-call targets of a compiled executable (its optimized HLO's), or None if unknown."""
+    try:
+        text = compiled.as_text()
+    except Exception:  # an executable kind without its HLO text
+        return None
+    return tuple(sorted(set(_CUSTOM_CALL.findall(text)))) if isinstance(text, str) else None
+
+
+class NotLoadable(RuntimeError):
+    """An executable that cannot run in a process that did not trace it (a host callback)."""
+
+
+def prepare_custom_calls(targets: tuple[str, ...] | None) -> None:
+    """Sets up what custom-call `targets` (None: unknown) need before an executable that was not
+    traced in this process runs them. jax does this while lowering (jax.export before running a
+    deserialized module): LAPACK's kernels on the CPU client are registered at import but read
+    their LAPACK functions only after `initialize_lapack()`; run before it, they crash the
+    process. GPU solvers' hybrid kernels likewise. A host callback is this process's own Python
+    function: NotLoadable."""
+    if targets is not None and any("callback" in t for t in targets):
+        raise NotLoadable(f"the executable calls back into the process that compiled it ({targets})")
+    if targets is not None and not targets:
+        return
+    from jax._src.lax import linalg
+
+    platform = client.platform()
+    if platform == "cpu" and (targets is None or any(t.startswith("lapack_") for t in targets)):
+        linalg.initialize_lapack()
+    elif platform in ("cuda", "rocm") and (targets is None or any("hybrid" in t for t in targets)):
+        linalg.gpu_solver.initialize_hybrid_kernels()
 
 
 def save(key: str | None, compiled, meta: Any = None) -> None:
@@ -198,6 +243,9 @@ def load(key: str | None) -> tuple[Any, Any] | None:
         return None
     try:
         found = from_bytes(body)
+    except NotLoadable as error:
+        debug.log("cache", f"not loaded: {error}")
+        return None
     except Exception as error:  # checked, yet not loadable here: compile again
         kind = key.splitlines()[0]
         persistent_cache._warn(f"entry for {kind} not loadable ({type(error).__name__}); compiling again")
@@ -397,7 +445,10 @@ class Jit:
             return False
         del self._pending[sig]
         if job.error is None:
-            self._compiled[sig] = from_bytes(job.result)[0] if job.remote else job.result
+            try:
+                self._compiled[sig] = from_bytes(job.result)[0] if job.remote else job.result
+            except Exception:  # not loadable here (a host callback): the call compiles it
+                pass
         return True
 
     def _importable(self) -> bool:

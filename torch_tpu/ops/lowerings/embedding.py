@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 
-from torch_tpu.ops.checks import check_ranges, first_outside
-from torch_tpu.ops.dtypes import to_opmath
+from torch_tpu.ops import host_tier
+from torch_tpu.ops.checks import Failure, check_ranges, first_outside, to_host
+from torch_tpu.ops.dtypes import to_opmath, type_name
 from torch_tpu.ops.registry import Check, aten, lower
+from torch_tpu.ops.tensors import to_jax
 
 # ---- embedding --------------------------------------------------------------
 
@@ -62,7 +65,41 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, incl
 _BAG_MESSAGE = "Index {position} of input takes value {value} which is not in the valid range [0, {rows})"
 
 
-def _bag_host_check(weight, indices, *args, **kwargs):
+_FIRST_OFFSET = (
+    "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
+    "However, got {value}\n[ torch.{type}Tensor{{}} ]"
+)
+_LAST_OFFSET = "offsets[-1] can not be greater than input's length {length} but got offsets[-1] of {value}"
+
+
+def _offsets_host_check(indices, offsets) -> None:
+    """CPU's checks of a 1-D input's offsets, made before it reads an index: the first bag starts
+    at 0, and the last does not start past the input's end (XLA would give empty bags)."""
+    if not isinstance(offsets, torch.Tensor) or indices.dim() != 1 or offsets.numel() == 0:
+        return
+    view = host_tier.view(offsets)
+    flat = view.reshape(-1) if view is not None else torch.from_numpy(to_host(to_jax(offsets)).reshape(-1))
+    first, last = int(flat[0]), int(flat[-1])
+    if first != 0:
+        raise RuntimeError(_FIRST_OFFSET.format(value=first, type=type_name(offsets.dtype)))
+    if last > indices.shape[0]:
+        raise RuntimeError(_LAST_OFFSET.format(length=indices.shape[0], value=last))
+
+
+def _offsets_graph_check(indices, offsets) -> list[Failure]:
+    if offsets is None or indices.ndim != 1 or offsets.size == 0:
+        return []
+    offsets = offsets.reshape(-1)
+    first = _FIRST_OFFSET.replace("{type}", type_name(offsets.dtype))
+    last = _LAST_OFFSET.replace("{length}", str(indices.shape[0]))
+    return [
+        Failure(offsets[0] != 0, offsets[0].astype(jnp.int64), RuntimeError, first),
+        Failure(offsets[-1] > indices.shape[0], offsets[-1].astype(jnp.int64), RuntimeError, last),
+    ]
+
+
+def _bag_host_check(weight, indices, offsets, *args, **kwargs):
+    _offsets_host_check(indices, offsets)
     rows = weight.shape[0]
 
     def error(value: int) -> RuntimeError:
@@ -73,10 +110,10 @@ def _bag_host_check(weight, indices, *args, **kwargs):
     check_ranges([(indices, 0, rows, error)])
 
 
-def _bag_graph_check(weight, indices, *args, **kwargs):
+def _bag_graph_check(weight, indices, offsets, *args, **kwargs):
     rows = weight.shape[0]
     text = _BAG_MESSAGE.replace("{rows}", str(rows)).replace("Index {position} of input", "An index of input")
-    return first_outside(indices, 0, rows, RuntimeError, text)
+    return _offsets_graph_check(indices, offsets) + first_outside(indices, 0, rows, RuntimeError, text)
 
 
 # host_tier=False: offset2bag, bag_size and max_indices are what the backward lowerings read.

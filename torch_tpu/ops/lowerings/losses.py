@@ -11,7 +11,7 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.ops.checks import Failure, check_ranges, first_outside
-from torch_tpu.ops.dtypes import to_opmath
+from torch_tpu.ops.dtypes import to_opmath, type_name
 from torch_tpu.ops.lowerings.common import HIGHEST
 from torch_tpu.ops.registry import Check, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
@@ -78,9 +78,26 @@ def _first_bad_target(target, classes: int, ignore_index: int):
     return jnp.any(flat), target.reshape(-1)[jnp.argmax(flat)]
 
 
+_CLASS_TARGETS = (torch.int64, torch.int32, torch.uint8)  # range-checked (int32 raises the dtype error first)
+
+
+def _target_dtype_error(self_ndim: int, dtype) -> RuntimeError | None:
+    """CPU's error for a class target of another dtype than int64 (or uint8, with a 1-D or 2-D
+    input): XLA would take an int32 target's values as they are."""
+    name = type_name(dtype)
+    if name not in ("Long", "Byte"):
+        return RuntimeError(f"expected target dtype to be Long or Byte, but got {name}")
+    if name == "Byte" and self_ndim > 2:  # nll_loss2d
+        return RuntimeError("expected scalar type Long but found Byte")
+    return None
+
+
 def _check_targets_host(self, target, weight, reduction, ignore_index):
     """CPU raises IndexError for a class target out of range; XLA would read garbage (one host sync)."""
-    if target.numel() == 0 or target.device.type != "tpu" or target.dtype not in (torch.int64, torch.int32):
+    error = _target_dtype_error(self.dim(), target.dtype)
+    if error is not None:
+        raise error
+    if target.numel() == 0 or target.device.type != "tpu" or target.dtype not in _CLASS_TARGETS:
         return
     classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
     metrics.bump("executions")
@@ -91,7 +108,10 @@ def _check_targets_host(self, target, weight, reduction, ignore_index):
 
 
 def _check_targets_graph(self, target, weight, reduction, ignore_index) -> list[Failure]:
-    if target.size == 0 or target.dtype not in (jnp.int64, jnp.int32):
+    error = _target_dtype_error(self.ndim, target.dtype)
+    if error is not None:  # known when traced: a failure that always holds
+        return [Failure(jnp.bool_(True), jnp.int64(0), RuntimeError, str(error))]
+    if target.size == 0 or target.dtype not in (jnp.int64, jnp.int32, jnp.uint8):
         return []
     classes = self.shape[1] if self.ndim >= 2 else self.shape[0]
     bad = (((target < 0) | (target >= classes)) & (target != ignore_index)).reshape(-1)
@@ -174,7 +194,47 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
     return _sum_to(jnp.clip(d, -delta, delta) * _loss_grad_scale(grad_output, d, reduction), self.shape)
 
 
-@lower(aten.binary_cross_entropy.default)
+_BCE_INPUT = "all elements of input should be between 0 and 1"
+_BCE_TARGET = "all elements of target should be between 0 and 1"
+
+
+def _bce_outside(x, t):
+    """(any element of input or target outside [0, 1] (nan included), whether the first such
+    element is the input's): CPU checks each element's input, then its target."""
+    x, t = jnp.broadcast_arrays(x, t)
+    bad_x = ~((x >= 0) & (x <= 1)).reshape(-1)
+    bad = bad_x | ~((t >= 0) & (t <= 1)).reshape(-1)
+    return jnp.any(bad), bad_x[jnp.argmax(bad)] if bad.size else jnp.bool_(False)
+
+
+_bce_outside_jit = executable_cache.jit(_bce_outside)
+
+
+def _bce_host_check(self, target, weight=None, reduction=_MEAN):
+    """CPU's error for an input or target outside [0, 1], where XLA gives nan (one host sync)."""
+    if not (isinstance(self, torch.Tensor) and isinstance(target, torch.Tensor)) or not self.numel():
+        return
+    if self.device.type != "tpu" or target.device.type != "tpu":
+        return
+    metrics.bump("executions")
+    metrics.bump("host_transfers")
+    bad, on_input = _bce_outside_jit(to_jax(self), to_jax(target))
+    if bool(bad):
+        raise RuntimeError(_BCE_INPUT if bool(on_input) else _BCE_TARGET)
+
+
+def _bce_graph_check(self, target, weight=None, reduction=_MEAN) -> list[Failure]:
+    if target is None or not jnp.size(self):
+        return []
+    bad, on_input = _bce_outside(self, target)
+    zero = jnp.int64(0)
+    return [
+        Failure(bad & on_input, zero, RuntimeError, _BCE_INPUT),
+        Failure(bad & ~on_input, zero, RuntimeError, _BCE_TARGET),
+    ]
+
+
+@lower(aten.binary_cross_entropy.default, check=Check(_bce_host_check, _bce_graph_check))
 def binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
     x, t = to_opmath(self), to_opmath(target)
     loss = -(t * jnp.maximum(jnp.log(x), -100.0) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100.0))

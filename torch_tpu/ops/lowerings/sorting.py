@@ -186,10 +186,11 @@ def _gather_runs(s, perm, starts, count, dim, shape):
 
 def _unique(self: torch.Tensor, dim: int | None, consecutive: bool):
     x = to_jax(self)
-    if dim is not None:
-        dim %= max(x.ndim, 1)
+    if dim is not None:  # CPU's IndexErrors
         if x.ndim == 0:
-            x, dim = x.reshape(1), None
+            raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+        dim_in_range(dim, x.ndim)
+        dim %= x.ndim
     metrics.bump("executions", 2)
     s, perm, starts = _runs(x, dim, consecutive)
     count = count_true(starts)
