@@ -170,9 +170,14 @@ def test_three_training_steps_match_cpu(models):
         losses.append(run)
     assert_no_fallbacks()  # of the tpu run
     torch.testing.assert_close(losses[1], losses[0], **platform_tol({"rtol": 1e-4, "atol": 1e-5}))
+    # On a TPU the parameters get more room than the losses: AdamW's first steps move a parameter
+    # by about +-lr whatever its gradient's size, so a gradient near zero whose sign the TPU's
+    # rounding flips moves it 2 lr the other way (up to 6e-3 over three steps at lr 1e-3).
+    tol = {"rtol": 1e-4, "atol": 6e-3} if torch_tpu.platform() == "tpu" else {"rtol": 1e-4, "atol": 1e-4}
     for (name, p_cpu), p_tpu in zip(models[0].named_parameters(), models[1].parameters()):
-        tol = platform_tol({"rtol": 1e-4, "atol": 1e-4})
-        torch.testing.assert_close(p_tpu.detach().cpu(), p_cpu.detach(), **tol, msg=name)
+        torch.testing.assert_close(
+            p_tpu.detach().cpu(), p_cpu.detach(), **tol, msg=lambda text, name=name: f"{name}: {text}"
+        )
 
 
 def test_generate_matches_cpu(generative_models):

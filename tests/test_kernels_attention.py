@@ -215,3 +215,38 @@ def test_sdpa_with_only_flash_enabled_and_a_mask_raises():
     q = torch.randn(1, 2, 4, 8).to("tpu")
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="No viable backend"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4).to("tpu"))
+
+
+class _CausalSelfAttention(torch.nn.Module):
+    def __init__(self, width: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, 2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c)).pow(2).mean()
+
+
+def test_compiled_graphs_hold_the_flash_kernel(monkeypatch, fresh_dynamo):
+    # Where the kernel compiles (TORCH_TPU_PALLAS_ON_CPU=1 stands in for a TPU here), a compiled
+    # graph's SDPA is the flash kernel, forward and backward: the attention matrix never reaches
+    # memory between them. Gradients as CPU's.
+    monkeypatch.setenv("TORCH_TPU_PALLAS_ON_CPU", "1")
+    torch.manual_seed(0)
+    model = _CausalSelfAttention()
+    tpu_model = _CausalSelfAttention().to("tpu")
+    tpu_model.load_state_dict(model.state_dict())
+    x = torch.randn(2, 20, 32)
+    model(x).backward()
+    torch_tpu.metrics.reset()
+    loss = torch.compile(tpu_model, backend="tpu")(x.to("tpu"))
+    loss.backward()
+    counters = torch_tpu.metrics.counters()
+    assert counters.get("sdpa_flash", 0) >= 1 and not counters.get("sdpa_math"), counters
+    assert counters["graph_compiles"] == 2  # forward and backward, not split
+    for (name, p), p_tpu in zip(model.named_parameters(), tpu_model.parameters()):
+        torch.testing.assert_close(p_tpu.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -14,8 +14,11 @@ tpu kernel by csrc/sdp_choice.cc); the "overrideable" answer makes it call
 `..._backward` op. Each choice is counted (metrics "sdpa_flash" / "sdpa_xla" / "sdpa_math") and logged
 (TORCH_TPU_DEBUG=1: "sdpa: ...").
 
-The three entry points are registered through the one lowering table (`lower(..., eager=True)`);
-`torch_tpu.ops.install()` imports this module with the lowerings.
+The three entry points are registered through the one lowering table (`lower(..., eager=True)`),
+the fused op and its backward with a graph form: where the kernel compiles, a torch.compile'd
+graph holds the Pallas kernel too (attention is never materialized between forward and
+backward: the backward keeps only the output and the logsumexp). `torch_tpu.ops.install()`
+imports this module with the lowerings.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 
+import jax.numpy as jnp
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.nn.attention import SDPBackend
@@ -73,8 +77,8 @@ def _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gq
         return f"dropout_p={dropout_p}"
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return "inputs are not 4-D (batch, heads, seq, head_dim)"
-    if any(is_fake(t) for t in (query, key, value)):
-        # Traced graphs keep the math decomposition, which the graph lowering fuses.
+    if any(is_fake(t) for t in (query, key, value)) and not _pallas_flash():
+        # Where the kernel only interprets, traced graphs keep the math decomposition (XLA fuses it).
         return "traced by torch.compile"
     if query.shape[1] != key.shape[1] and not enable_gqa:
         return "heads differ without enable_gqa"
@@ -109,7 +113,26 @@ def _scale(query, scale):
     return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
 
 
-@lower(aten._scaled_dot_product_fused_attention_overrideable.default, eager=True)
+def _graph_forward(
+    query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
+):
+    """The fused forward in a compiled graph (jax arrays): the flash kernel. The meta kernel gives
+    no cumulative lengths or debug mask, and 0-d seeds."""
+    out, lse = flash.flash_attention_forward(query, key, value, bool(is_causal), _scale(query, scale))
+    seed = jnp.zeros((), jnp.int64)
+    return out, lse, None, None, query.shape[2], key.shape[2], seed, seed, None
+
+
+def _graph_backward(
+    grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, *unused, is_causal=False, scale=None
+):
+    dq, dk, dv = flash.flash_attention_backward(
+        grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale)
+    )
+    return dq, dk, dv, None
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable.default, eager=True, graph=_graph_forward)
 def _overrideable_forward(
     query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
 ):
@@ -130,7 +153,11 @@ def _overrideable_forward(
     return out, lse, empty, empty, query.shape[2], key.shape[2], seed, seed, empty
 
 
-@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default, eager=True)
+@lower(
+    aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+    eager=True,
+    graph=lambda *args, scale=None: _graph_backward(*args[:8], is_causal=args[13], scale=scale),
+)
 def _overrideable_backward(
     grad_out,
     query,
