@@ -64,3 +64,13 @@ def fresh_dynamo():
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_unread_check_failures():
+    """A test whose deferred index check failed without a host read reporting it fails itself, not
+    the next test that reads a value (ops/deferred_checks.py)."""
+    yield
+    from torch_tpu.ops import deferred_checks
+
+    deferred_checks.raise_pending()

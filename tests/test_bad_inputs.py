@@ -596,6 +596,8 @@ def _error(fn, device) -> Exception | None:
         warnings.simplefilter("ignore")
         try:
             fn(device)
+            if device != "cpu":
+                torch.tpu.synchronize()  # where index checks are deferred (TPU), they report here
         except Exception as error:
             return error
     return None

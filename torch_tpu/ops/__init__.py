@@ -8,7 +8,7 @@ import pkgutil
 
 import torch
 
-from torch_tpu.ops import checks, dispatcher, fallback, host_tier, lowerings, registry
+from torch_tpu.ops import checks, deferred_checks, dispatcher, fallback, host_tier, lowerings, registry
 from torch_tpu.ops.registry import aten, lower
 
 _libraries: list[torch.library.Library] = []
@@ -23,6 +23,7 @@ def install() -> None:
         importlib.import_module(f"{lowerings.__name__}.{module.name}")
     importlib.import_module("torch_tpu.kernels.sdpa")
     host_tier.install()
+    deferred_checks.install()
     lib = torch.library.Library("aten", "IMPL")
     for key in registry.dispatch_keys():
         for op, lowering in registry.table(key).items():

@@ -17,7 +17,7 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 from torch_tpu import metrics
-from torch_tpu.ops import host_tier
+from torch_tpu.ops import deferred_checks, host_tier
 from torch_tpu.ops.dtypes import type_name
 from torch_tpu.ops.registry import Check, SignatureCheck
 from torch_tpu.ops.tensors import to_jax
@@ -46,11 +46,17 @@ def index_bounds(index: torch.Tensor) -> tuple[int, int]:
 
 
 def check_ranges(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]]) -> None:
-    """Raises `error(value)` for the first index outside [low, high); one sync."""
+    """Raises `error(value)` for the first index outside [low, high): one sync, or (where checks
+    are deferred, ops/deferred_checks.py) none for tpu indices, whose verdict waits for the next
+    host read."""
     checks = [c for c in checks if c[0].numel() > 0 and not c[0].is_floating_point() and c[0].dtype != torch.bool]
     if not checks:
         return
     device = [c for c in checks if c[0].device.type != "cpu"]
+    if device and deferred_checks.enabled():
+        deferred_checks.defer([(to_jax(c[0]), c[1], c[2], c[3]) for c in device], "an index check of a queued tpu op")
+        checks = [c for c in checks if c[0].device.type == "cpu"]
+        device = []
     bounds = {}
     views = [host_tier.view(c[0]) for c in device]
     if all(v is not None for v in views):  # host memory: read it where it is

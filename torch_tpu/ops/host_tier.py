@@ -71,6 +71,8 @@ def view(t: torch.Tensor, writable: bool = False) -> torch.Tensor | None:
     writes are its storage's new value), compiles nothing, whatever its geometry."""
     if client.platform() != "cpu" or spmd.layer is not None or tensors.lazy is not None or not _C._host_readable(t):
         return None
+    for hook in client.before_host_read:  # a host read, like host_value's
+        hook()
     return _C._host_view(t, writable)
 
 

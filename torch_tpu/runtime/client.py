@@ -13,6 +13,10 @@ import jax
 from jax.experimental import multihost_utils  # noqa: F401
 
 _PLATFORMS = ("tpu", "cuda", "cpu")
+
+# Called before every host read of a tpu value and at the end of synchronize()
+# (ops/deferred_checks.py raises a failed index check there).
+before_host_read: list = []
 _log = logging.getLogger("torch_tpu")
 
 
@@ -124,3 +128,5 @@ def synchronize() -> None:
     computations side by side)."""
     jax.block_until_ready(fences())
     jax.block_until_ready(jax.live_arrays(platform()))
+    for hook in before_host_read:
+        hook()

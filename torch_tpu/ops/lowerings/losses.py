@@ -10,12 +10,14 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops import deferred_checks
 from torch_tpu.ops.checks import Failure, check_ranges, first_outside
 from torch_tpu.ops.dtypes import to_opmath, type_name
 from torch_tpu.ops.lowerings.common import HIGHEST
 from torch_tpu.ops.registry import Check, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
+from torch_tpu.runtime.global_arrays import host_value
 
 # at::Reduction
 _NONE, _MEAN, _SUM = 0, 1, 2
@@ -72,10 +74,11 @@ def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, to
 
 
 @functools.partial(executable_cache.jit, static_argnums=(1, 2))
-def _first_bad_target(target, classes: int, ignore_index: int):
-    bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
-    flat = bad.reshape(-1)
-    return jnp.any(flat), target.reshape(-1)[jnp.argmax(flat)]
+@functools.partial(executable_cache.jit, static_argnums=(1, 2))
+def _target_verdict(target, classes: int, ignore_index: int):
+    """int64 [1, 2]: (a class target out of range?, the first one)."""
+    bad = (((target < 0) | (target >= classes)) & (target != ignore_index)).reshape(-1)
+    return jnp.stack([jnp.any(bad).astype(jnp.int64), target.reshape(-1)[jnp.argmax(bad)].astype(jnp.int64)])[None]
 
 
 _CLASS_TARGETS = (torch.int64, torch.int32, torch.uint8)  # range-checked (int32 raises the dtype error first)
@@ -101,10 +104,15 @@ def _check_targets_host(self, target, weight, reduction, ignore_index):
         return
     classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
     metrics.bump("executions")
+    verdict = _target_verdict(to_jax(target), int(classes), int(ignore_index))
+    error = lambda value: IndexError(f"Target {value} is out of bounds.")
+    if deferred_checks.enabled():
+        deferred_checks.defer_verdicts(verdict, [error], "a class-target check of a queued nll_loss")
+        return
     metrics.bump("host_transfers")
-    any_bad, value = _first_bad_target(to_jax(target), int(classes), int(ignore_index))
-    if bool(any_bad):
-        raise IndexError(f"Target {int(value)} is out of bounds.")
+    failed, value = host_value(verdict)[0]
+    if failed:
+        raise error(int(value))
 
 
 def _check_targets_graph(self, target, weight, reduction, ignore_index) -> list[Failure]:
@@ -207,7 +215,10 @@ def _bce_outside(x, t):
     return jnp.any(bad), bad_x[jnp.argmax(bad)] if bad.size else jnp.bool_(False)
 
 
-_bce_outside_jit = executable_cache.jit(_bce_outside)
+@executable_cache.jit
+def _bce_verdict(x, t):
+    bad, on_input = _bce_outside(x, t)
+    return jnp.stack([bad.astype(jnp.int64), on_input.astype(jnp.int64)])[None]
 
 
 def _bce_host_check(self, target, weight=None, reduction=_MEAN):
@@ -217,10 +228,15 @@ def _bce_host_check(self, target, weight=None, reduction=_MEAN):
     if self.device.type != "tpu" or target.device.type != "tpu":
         return
     metrics.bump("executions")
+    verdict = _bce_verdict(to_jax(self), to_jax(target))
+    error = lambda on_input: RuntimeError(_BCE_INPUT if on_input else _BCE_TARGET)
+    if deferred_checks.enabled():
+        deferred_checks.defer_verdicts(verdict, [error], "an input check of a queued binary_cross_entropy")
+        return
     metrics.bump("host_transfers")
-    bad, on_input = _bce_outside_jit(to_jax(self), to_jax(target))
-    if bool(bad):
-        raise RuntimeError(_BCE_INPUT if bool(on_input) else _BCE_TARGET)
+    bad, on_input = host_value(verdict)[0]
+    if bad:
+        raise error(bool(on_input))
 
 
 def _bce_graph_check(self, target, weight=None, reduction=_MEAN) -> list[Failure]:

@@ -1,0 +1,98 @@
+"""Index checks that do not stop the host: verdicts computed on the device, read at the next host read.
+
+CPU raises IndexError for an index out of range before the op runs; reading the index values
+to decide that is a host sync, and on TPU a host read waits for all the work queued before it:
+every embedding, gather or nll_loss would stall the host until the chip drained (an eager
+embedding cost 1.5 ms there against jax's 0.12 ms). Where checks are deferred, the op queues a
+tiny computation of its check's verdict (is an index outside, and the first such) beside its
+own, and the verdicts are read at the next host read (`.item()`, `.cpu()`, printing,
+`torch.tpu.synchronize()`), before any value can reach the host: the first failed check raises
+its op's CPU exception there, with a note naming the op. The op's own result is then
+meaningless, as on CPU where it never ran, and no value of it was seen.
+
+Deferred on every platform but the CPU client, where a host read costs nothing (its checks stay
+synchronous, exactly CPU's behaviour); TORCH_TPU_DEFERRED_CHECKS=1 or 0 decides elsewise.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from torch_tpu import metrics
+from torch_tpu.runtime import client, executable_cache, global_arrays
+
+# Verdicts queued before a host read forces them (bounds the memory they hold).
+MAX_PENDING = 256
+
+_lock = threading.Lock()
+_pending: list[tuple[jax.Array, list[tuple[Callable[[int], Exception], str]]]] = []
+
+
+def enabled() -> bool:
+    setting = os.environ.get("TORCH_TPU_DEFERRED_CHECKS", "").strip()
+    if setting:
+        return setting not in ("0", "false", "no", "off")
+    return client.platform() != "cpu"
+
+
+@executable_cache.jit
+def _verdicts(arrays, bounds):
+    """(outside?, first offending value) per (index array, (low, high)): int64 [n, 2]."""
+    rows = []
+    for a, (low, high) in zip(arrays, bounds):
+        flat = a.reshape(-1)
+        outside = (flat < low) | (flat >= high)
+        rows.append(jnp.stack([jnp.any(outside).astype(jnp.int64), flat[jnp.argmax(outside)].astype(jnp.int64)]))
+    return jnp.stack(rows)
+
+
+def defer(checks: list[tuple[jax.Array, int, int, Callable[[int], Exception]]], what: str) -> None:
+    """Queues range checks (index array, low, high, error for an offending value); `what` says
+    where the error comes from."""
+    arrays = tuple(c[0] for c in checks)
+    bounds = tuple((int(c[1]), int(c[2])) for c in checks)
+    metrics.bump("executions")
+    defer_verdicts(_verdicts(arrays, bounds), [c[3] for c in checks], what)
+
+
+def defer_verdicts(verdicts: jax.Array, errors: list[Callable[[int], Exception]], what: str) -> None:
+    """Queues computed verdicts: int64 [n, 2] rows (failed?, value), row i raising errors[i](value)."""
+    metrics.bump("deferred_checks")
+    with _lock:
+        _pending.append((verdicts, [(error, what) for error in errors]))
+        full = len(_pending) > MAX_PENDING
+    if full:
+        raise_pending()
+
+
+def raise_pending() -> None:
+    """Reads every queued verdict (a host read: it waits for them) and raises the first failure."""
+    if not _pending:
+        return
+    with _lock:
+        taken = list(_pending)
+        _pending.clear()
+    for verdict, errors in taken:
+        values = np.asarray(global_arrays.fetchable(verdict))
+        for (outside, value), (error, what) in zip(values, errors):
+            if outside:
+                failure = error(int(value))
+                note = f"({what}: torch_tpu checks values on the device and reports at the next host read)"
+                failure.args = (f"{failure.args[0]}\n{note}", *failure.args[1:]) if failure.args else (note,)
+                raise failure
+
+
+def install() -> None:
+    """Makes every host read and synchronize raise a failed check first."""
+    if raise_pending not in client.before_host_read:
+        client.before_host_read.append(raise_pending)
+
+
+def pending() -> int:
+    return len(_pending)
