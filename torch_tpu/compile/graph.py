@@ -79,6 +79,45 @@ def _has_bool_index(node: Node) -> bool:
 # ---- classifying nodes ------------------------------------------------------
 
 
+def _host_nodes(graph, constants: dict) -> tuple[list[Node], list[Node]]:
+    """The nodes that compute on CPU tensors only from CPU inputs (an optimizer's step counter and
+    bias corrections when its state is on the CPU), run with PyTorch's CPU kernels before the
+    device segments, and the copy_ nodes writing their results back into CPU inputs, run after:
+    computed on the device they would cost a transfer in and a host read (a sync) out, each step."""
+    host: set[Node] = set()
+    prelude, epilogue = [], []
+
+    def on_host(n) -> bool:
+        if not isinstance(n, Node):
+            return True
+        if n in host:
+            return True
+        fake = _fake(n)
+        if n.op == "placeholder" or n in constants:
+            return not (_fake_devices(fake) - {"cpu"})
+        return False
+
+    for node in graph.nodes:
+        if node.op != "call_function" or not node.all_input_nodes:
+            continue
+        fake = _fake(node)
+        if target_is_copy := node.target is torch.ops.aten.copy_.default:
+            dst = node.args[0]
+            if isinstance(dst, Node) and dst.op == "placeholder" and _fake_devices(_fake(dst)) == {"cpu"}:
+                if all(on_host(a) for a in node.all_input_nodes):
+                    epilogue.append(node)
+            continue
+        if not (isinstance(node.target, OpOverload) or node.target is operator.getitem) or target_is_copy:
+            continue
+        if _fake_devices(fake) - {"cpu"} or not all(on_host(a) for a in node.all_input_nodes):
+            continue
+        if isinstance(node.target, OpOverload) and _plan_of(node.target).mutable:
+            continue
+        host.add(node)
+        prelude.append(node)
+    return prelude, epilogue
+
+
 class _Lowered:
     """How one node evaluates inside a jitted segment."""
 
@@ -529,6 +568,7 @@ class GraphRunner:
         self.output = next(n for n in graph.nodes if n.op == "output")
         self.constants: dict[Node, Any] = {}
         self.steps: list = []  # Segment or an eager Node, in order
+        self.host_nodes: set[Node] = set()  # CPU work on CPU inputs, run with PyTorch (_host_nodes)
         self._partition(graph)
         for step in self.steps:
             if isinstance(step, Segment):
@@ -549,10 +589,15 @@ class GraphRunner:
         current: list[Node] = []
         random_count = 0
         for node in graph.nodes:
-            if node.op in ("placeholder", "output"):
-                continue
             if node.op == "get_attr":
                 self.constants[node] = getattr(self.gm, node.target)
+        prelude, epilogue = _host_nodes(graph, self.constants)
+        for node in prelude:  # CPU work from CPU inputs: run first, with PyTorch on the host
+            eager.add(node)
+            groups.append(node)
+        on_host = self.host_nodes = set(prelude) | set(epilogue)
+        for node in graph.nodes:
+            if node.op in ("placeholder", "output", "get_attr") or node in on_host:
                 continue
             how = _classify(node, eager)
             if how is None:
@@ -570,6 +615,9 @@ class GraphRunner:
             current.append(node)
         if current:
             groups.append(current)
+        for node in epilogue:  # results written back into CPU inputs, after everything read them
+            eager.add(node)
+            groups.append(node)
         # Values each segment needs from before it, and values needed after it.
         position = {}
         for i, group in enumerate(groups):
@@ -635,7 +683,7 @@ class GraphRunner:
         return list(_map_args(self.output.args[0], env))
 
     def _run_eager(self, node: Node, env: dict):
-        if node.target is not operator.getitem:
+        if node.target is not operator.getitem and node not in self.host_nodes:
             metrics.bump("graph_eager_ops")
         args = _map_args(node.args, env)
         kwargs = _map_args(node.kwargs, env)
