@@ -123,7 +123,7 @@ def export(
             )
     finally:
         cpu_model.train(was_training)
-    runner = graph.GraphRunner(gm, "export")
+    runner = graph.GraphRunner(gm, "export", host_work=False)  # one module: its CPU work included
     segments = [s for s in runner.steps if isinstance(s, graph.Segment)]
     eager = [s for s in runner.steps if not isinstance(s, graph.Segment)]
     if eager or len(segments) != 1:

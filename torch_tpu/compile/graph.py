@@ -111,7 +111,9 @@ def _host_nodes(graph, constants: dict) -> tuple[list[Node], list[Node]]:
             continue
         if _fake_devices(fake) - {"cpu"} or not all(on_host(a) for a in node.all_input_nodes):
             continue
-        if isinstance(node.target, OpOverload) and _plan_of(node.target).mutable:
+        if isinstance(node.target, OpOverload) and any(
+            a.alias_info is not None and a.alias_info.is_write for a in node.target._schema.arguments
+        ):
             continue
         host.add(node)
         prelude.append(node)
@@ -557,7 +559,13 @@ def _describe_key(key) -> str:
 class GraphRunner:
     """A compiled FX graph: jitted segments and the eager nodes between them."""
 
-    def __init__(self, gm: GraphModule, name: str, options: compile_options.CompileOptions | None = None):
+    def __init__(
+        self,
+        gm: GraphModule,
+        name: str,
+        options: compile_options.CompileOptions | None = None,
+        host_work: bool = True,
+    ):
         # aot_autograd passes the arguments as one list. An instance attribute, so that
         # wrappers made with functools.wraps (dynamo's disable) keep it.
         self._boxed_call = True
@@ -568,7 +576,9 @@ class GraphRunner:
         self.output = next(n for n in graph.nodes if n.op == "output")
         self.constants: dict[Node, Any] = {}
         self.steps: list = []  # Segment or an eager Node, in order
-        self.host_nodes: set[Node] = set()  # CPU work on CPU inputs, run with PyTorch (_host_nodes)
+        # CPU work on CPU inputs, run with PyTorch (_host_nodes); not for one-module export.
+        self.host_nodes: set[Node] = set()
+        self._host_work = host_work
         self._partition(graph)
         for step in self.steps:
             if isinstance(step, Segment):
@@ -591,7 +601,7 @@ class GraphRunner:
         for node in graph.nodes:
             if node.op == "get_attr":
                 self.constants[node] = getattr(self.gm, node.target)
-        prelude, epilogue = _host_nodes(graph, self.constants)
+        prelude, epilogue = _host_nodes(graph, self.constants) if self._host_work else ([], [])
         for node in prelude:  # CPU work from CPU inputs: run first, with PyTorch on the host
             eager.add(node)
             groups.append(node)
