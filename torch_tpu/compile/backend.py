@@ -66,8 +66,12 @@ def _compiler(kind: str, options: compile_options.CompileOptions):
 def _aot(options: compile_options.CompileOptions = compile_options.DEFAULT):
     # Imported on first use: registration can run while torch._inductor is half imported.
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     return aot_autograd(
+        # What the backward needs is chosen by min-cut, as inductor does: casts and elementwise
+        # results are recomputed in the backward graph instead of kept in HBM between the two.
+        partition_fn=min_cut_rematerialization_partition,
         fw_compiler=_compiler("forward", options),
         bw_compiler=_compiler("backward", options),
         inference_compiler=_compiler("inference", options),
