@@ -40,6 +40,10 @@ std::atomic<int64_t> g_hits{0};
 std::atomic<int64_t> g_executions{0};
 std::atomic<int64_t> g_host_runs{0};
 thread_local int g_precision_override = -1;  // a graph's own matmul precision while it runs
+// scalar(value, device) -> a weakly typed jax array on that tpu device (ops/scalars.py, cached
+// by value): a traced Python number goes in as one, so the call takes the direct path and a
+// repeated number costs no transfer. Null: numbers go through jax's call layer.
+PyObject* g_scalar_hook = nullptr;  // owned reference, guarded by the GIL
 // Entries over all ops, and the most kept (the dispatcher's op cache size): past it, all go.
 size_t g_entry_count = 0;  // guarded by the GIL, as the tables are
 size_t g_entry_limit = 4096;
@@ -543,11 +547,21 @@ class OpState {
   }
 
   // The executable's input list; false (a Python error cleared) if a buffer cannot be read as
-  // an array, or was never written (the Python kernel makes its zeros).
-  static bool arrays(const Call& call, py::list& out) {
+  // an array, or was never written (the Python kernel makes its zeros). With `device_numbers`,
+  // numbers go in as device scalars (g_scalar_hook).
+  static bool arrays(const Call& call, py::list& out, bool device_numbers) {
     for (const auto& [buffer, number] : call.inputs) {
       if (buffer == nullptr) {
-        out.append(number);
+        if (!device_numbers) {
+          out.append(number);
+          continue;
+        }
+        PyObject* scalar = PyObject_CallFunction(g_scalar_hook, "Oi", number.ptr(), call.device);
+        if (scalar == nullptr) {
+          PyErr_Clear();
+          return false;
+        }
+        out.append(py::reinterpret_steal<py::object>(scalar));
         continue;
       }
       PyObject* array = buffer->array(/*force=*/true);
@@ -569,12 +583,12 @@ class OpState {
   bool run(const Entry& entry, torch::jit::Stack* stack, Call& call) const {
     const auto args = torch::jit::last(stack, num_args_);
     py::list inputs;
-    if (!arrays(call, inputs)) {
+    const bool direct = direct_call_allowed(entry, call);
+    if (!arrays(call, inputs, direct && call.numbers)) {
       return false;
     }
-    PyObject* out = direct_call_allowed(entry, call) ? call_direct(entry, inputs)
-                                                      : PyObject_CallFunctionObjArgs(entry.run.ptr(), inputs.ptr(),
-                                                                                     Py_None, nullptr);
+    PyObject* out = direct ? call_direct(entry, inputs)
+                           : PyObject_CallFunctionObjArgs(entry.run.ptr(), inputs.ptr(), Py_None, nullptr);
     if (out == nullptr) {
       PyErr_Clear();  // the Python kernel runs it again and raises its error (out of memory, ...)
       return false;
@@ -700,10 +714,10 @@ class OpState {
     return out;
   }
 
-  // Whether `call` may skip jax's call layer: its inputs are all arrays (jax turns numbers into
-  // arrays) and jax's nan/inf checks (jax_debug_nans, jax_debug_infs) are off.
+  // Whether `call` may skip jax's call layer: its numbers can go in as device scalars (else jax
+  // turns them into arrays) and jax's nan/inf checks (jax_debug_nans, jax_debug_infs) are off.
   static bool direct_call_allowed(const Entry& entry, const Call& call) {
-    if (!entry.execute || call.numbers) {
+    if (!entry.execute || (call.numbers && g_scalar_hook == nullptr)) {
       return false;
     }
     const JaxChecks& checks = g_jax_checks;
@@ -887,6 +901,14 @@ void init_eager_kernels(py::module_& m) {
         py::arg("direct"), py::arg("reads_precision"), py::arg("fresh"), py::arg("self_spec"), py::arg("limit"));
   m.def("_offer_host_entry", &offer_host_entry, py::arg("label"), py::arg("bound"), py::arg("job"), py::arg("limit"));
   m.def("_set_eager_fast_path", [](bool on) { g_enabled = on; }, py::arg("on"));
+  m.def(
+      "_set_scalar_hook",
+      [](const py::object& hook) {
+        PyObject* old = g_scalar_hook;
+        g_scalar_hook = hook.is_none() ? nullptr : hook.inc_ref().ptr();
+        Py_XDECREF(old);
+      },
+      py::arg("hook"));
   m.def("_set_matmul_precision_override", [](std::optional<int> level) { g_precision_override = level.value_or(-1); },
         py::arg("level"));
   m.def("_clear_eager_entries", [] { OpState::clear_all(); });

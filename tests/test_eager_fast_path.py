@@ -258,3 +258,26 @@ def test_value_checks_run_on_every_call_the_cpp_path_takes():
     _repeat_on_hits(lambda w, i: torch.index_select(w, 0, i), A, torch.tensor([0, 2]))
     with pytest.raises(IndexError, match="index out of range"):
         torch.index_select(A.to("tpu"), 0, torch.tensor([0, 9]).to("tpu"))
+
+
+def test_a_repeated_python_number_is_one_cached_device_scalar(monkeypatch):
+    # Traced numbers (x * 0.5, add_'s alpha, layer_norm's eps) go in as device scalars cached by
+    # value (ops/scalars.py): the repeated call puts nothing on the device and runs the executable
+    # directly. Results and dtypes stay CPU's (the scalar is weakly typed, as a Python number).
+    from torch_tpu.ops import scalars
+
+    put = []
+    real_put = scalars.jax.device_put
+    monkeypatch.setattr(scalars.jax, "device_put", lambda *a, **k: put.append(a[0]) or real_put(*a, **k))
+    monkeypatch.setattr(scalars, "_cache", type(scalars._cache)())
+    x = torch.randn(4, 4)
+    t = x.to("tpu")
+    for _ in range(5):
+        y = t * 0.375
+        z = t.add(t, alpha=-0.0)
+    assert put.count(0.375) == 1, put
+    torch.testing.assert_close(y.cpu(), x * 0.375)
+    torch.testing.assert_close(z.cpu(), x.add(x, alpha=-0.0))
+    ints = torch.arange(4, dtype=torch.int32)
+    assert (ints.to("tpu") * 3).dtype == (ints * 3).dtype == torch.int32
+    assert (x.bfloat16().to("tpu") * 2.5).dtype == torch.bfloat16

@@ -8,7 +8,8 @@ import pkgutil
 
 import torch
 
-from torch_tpu.ops import checks, deferred_checks, dispatcher, fallback, host_tier, lowerings, registry
+from torch_tpu import _C
+from torch_tpu.ops import checks, deferred_checks, dispatcher, fallback, host_tier, lowerings, registry, scalars
 from torch_tpu.ops.registry import aten, lower
 
 _libraries: list[torch.library.Library] = []
@@ -24,6 +25,7 @@ def install() -> None:
     importlib.import_module("torch_tpu.kernels.sdpa")
     host_tier.install()
     deferred_checks.install()
+    _C._set_scalar_hook(scalars.device_scalar)
     lib = torch.library.Library("aten", "IMPL")
     for key in registry.dispatch_keys():
         for op, lowering in registry.table(key).items():
