@@ -13,6 +13,9 @@ Parts:
             pytest process, each test's outcome recorded; ci/tpu/expected_failures.txt lists the
             failures known on TPU with their reasons
   hf        tests/test_hf_models.py (the HF families against CPU's logits and greedy tokens)
+  ecosystem HF Trainer and accelerate bf16, Lightning bf16-mixed, torch.profiler device time and
+            torch.tpu's API (tests/test_hf_trainer.py, test_lightning.py,
+            test_profiler_device_time.py, test_device_api.py)
   examples  every example with --check
   ops       benchmarks/op_kinds.py: eager per-op cost against jax.jit
   training  benchmarks/tpu_training.py (--training-args)
@@ -35,7 +38,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 
-PARTS = ("env", "kernels", "kernel_bench", "sync", "tests", "hf", "examples", "ops", "training")
+PARTS = ("env", "kernels", "kernel_bench", "sync", "tests", "hf", "ecosystem", "examples", "ops", "training")
 HARNESS_EXAMPLES = ("mingpt", "llama", "qwen", "resnet", "dlrm", "unet")
 OTHER_EXAMPLES = {
     "moe": ["examples/moe/gmm_moe.py", "--check"],
@@ -118,6 +121,10 @@ class Lane:
         return self.pytest(
             "hf", ["tests/test_hf_models.py"], self.args.test_seconds + 120, budget=self.args.test_seconds
         )
+
+    def part_ecosystem(self) -> dict:
+        files = ["tests/test_hf_trainer.py", "tests/test_lightning.py", "tests/test_profiler_device_time.py"]
+        return self.pytest("ecosystem", [*files, "tests/test_device_api.py"], 900)
 
     def part_examples(self) -> dict:
         examples = {}
@@ -215,7 +222,7 @@ def markdown(results: dict) -> str:
     ]
     for name, part in parts.items():
         lines.append(f"| {name} | {'pass' if part.get('ok') else 'FAIL'}{_summary(part)} |")
-    for name in ("kernels", "tests", "hf"):
+    for name in ("kernels", "tests", "hf", "ecosystem"):
         tests = parts.get(name)
         if tests and tests.get("failures"):
             lines += ["", f"## {name}: failures", ""]

@@ -39,7 +39,7 @@ done
 # torch at the lock file's version, so the lane tests what CI tests; the test extras as the
 # index has them (the results record their versions).
 pin() { grep -E "^$1==" requirements_lock.txt | head -n 1; }
-extras=(transformers tqdm pytest pytest-timeout)
+extras=(transformers tqdm pytest pytest-timeout accelerate pytorch-lightning)
 
 if [ "$install" = 1 ]; then
   if [ -z "$wheel" ]; then
