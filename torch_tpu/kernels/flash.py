@@ -227,7 +227,7 @@ def flash_attention_forward(q, k, v, causal: bool, sm_scale: float):
     group = p.group
     q_spec = pl.BlockSpec((None, None, p.block_q, p.d), lambda b, h, i, j: (b, h, i, 0))
     kv_spec = lambda dim: pl.BlockSpec(
-        (None, None, p.block_k, dim), lambda b, h, i, j: (b, h // group, p.kv_index(i, j, causal), 0)
+        (None, None, p.block_k, dim), lambda b, h, i, j: (b, lax.div(h, group), p.kv_index(i, j, causal), 0)
     )
     out_spec = pl.BlockSpec((None, None, p.block_q, p.dv), lambda b, h, i, j: (b, h, i, 0))
     rows_spec = pl.BlockSpec((None, None, p.block_q, LANES), lambda b, h, i, j: (b, h, i, 0))
@@ -264,7 +264,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: fl
     # dq: grid (batch, head, query block i, key block j).
     q_spec = lambda dim: pl.BlockSpec((None, None, p.block_q, dim), lambda b, h, i, j: (b, h, i, 0))
     kv_spec = lambda dim: pl.BlockSpec(
-        (None, None, p.block_k, dim), lambda b, h, i, j: (b, h // group, p.kv_index(i, j, causal), 0)
+        (None, None, p.block_k, dim), lambda b, h, i, j: (b, lax.div(h, group), p.kv_index(i, j, causal), 0)
     )
     dq = _pallas.call(
         functools.partial(_dq_kernel, sm_scale=sm_scale, causal=causal, p=p),
