@@ -170,3 +170,52 @@ def test_lazy_mlp_training_matches_cpu_with_few_executables():
     assert losses == pytest.approx(losses_cpu, rel=1e-5, abs=1e-6)
     for p, p_cpu in zip(model.parameters(), model_cpu.parameters()):
         torch.testing.assert_close(p.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
+
+
+class _TinyLM(nn.Module):
+    """Embeddings with arange positions, attention, and a cross-entropy loss: the ops whose index
+    checks and out= copies used to read values mid-step."""
+
+    def __init__(self, vocab: int = 32, width: int = 16, length: int = 8):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(length, width)
+        self.qkv, self.head = nn.Linear(width, 3 * width), nn.Linear(width, vocab)
+
+    def forward(self, idx, targets):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        q, k, v = (z.unsqueeze(1) for z in self.qkv(x).split(x.shape[-1], 2))
+        x = x + nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1)
+        return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def test_a_lazy_step_with_index_checks_is_one_executable():
+    # Index checks are recorded with the ops (ops/deferred_checks.py), an arange's out= copy too:
+    # reading values mid-step would run the trace so far and split the step's executable.
+    torch.manual_seed(0)
+    model_cpu = _TinyLM()
+    model = copy.deepcopy(model_cpu).to("tpu")
+    opt_cpu, opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model_cpu, model))
+    idx, targets = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
+    idx_tpu, targets_tpu = idx.to("tpu"), targets.to("tpu")
+    losses, losses_cpu, runs = [], [], []
+    for _ in range(3):
+        loss = model_cpu(idx, targets)
+        loss.backward()
+        opt_cpu.step()
+        opt_cpu.zero_grad()
+        losses_cpu.append(loss.item())
+    with torch_tpu.eager_mode(False):
+        for _ in range(3):
+            torch_tpu.metrics.reset()
+            loss = model(idx_tpu, targets_tpu)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            counters = torch_tpu.metrics.counters()
+            runs.append((counters["lazy_runs"], counters["host_transfers"]))
+    assert runs[1:] == [(1, 1), (1, 1)], runs  # one executable; one transfer: the loss read
+    torch.testing.assert_close(losses, losses_cpu, rtol=1e-5, atol=1e-6)
+    with torch_tpu.eager_mode(False):  # and a bad index still raises CPU's error at the read
+        with pytest.raises(IndexError, match="index out of range in self"):
+            model.tok(torch.tensor([40]).to("tpu")).cpu()

@@ -54,7 +54,7 @@ def check_ranges(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exce
         return
     device = [c for c in checks if c[0].device.type != "cpu"]
     if device and deferred_checks.enabled():
-        deferred_checks.defer([(to_jax(c[0]), c[1], c[2], c[3]) for c in device], "an index check of a queued tpu op")
+        deferred_checks.defer(device, "an index check of a queued tpu op")
         checks = [c for c in checks if c[0].device.type == "cpu"]
         device = []
     bounds = {}

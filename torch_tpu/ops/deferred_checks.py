@@ -11,7 +11,10 @@ its op's CPU exception there, with a note naming the op. The op's own result is 
 meaningless, as on CPU where it never ran, and no value of it was seen.
 
 Deferred on every platform but the CPU client, where a host read costs nothing (its checks stay
-synchronous, exactly CPU's behaviour); TORCH_TPU_DEFERRED_CHECKS=1 or 0 decides elsewise.
+synchronous, exactly CPU's behaviour); TORCH_TPU_DEFERRED_CHECKS=1 or 0 decides elsewise. While
+ops are recorded lazily (`torch_tpu.eager_mode(False)`) checks are always deferred and their
+verdicts recorded with the ops: reading the indices would run the trace recorded so far, and
+split the step's fused executable at every embedding or loss.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from torch_tpu import metrics
+from torch_tpu.ops import tensors
 from torch_tpu.runtime import client, executable_cache, global_arrays
 
 # Verdicts queued before a host read forces them (bounds the memory they hold).
@@ -35,14 +40,15 @@ _pending: list[tuple[jax.Array, list[tuple[Callable[[int], Exception], str]]]] =
 
 
 def enabled() -> bool:
+    if tensors.lazy is not None:
+        return True
     setting = os.environ.get("TORCH_TPU_DEFERRED_CHECKS", "").strip()
     if setting:
         return setting not in ("0", "false", "no", "off")
     return client.platform() != "cpu"
 
 
-@executable_cache.jit
-def _verdicts(arrays, bounds):
+def _verdict_rows(bounds, *arrays):
     """(outside?, first offending value) per (index array, (low, high)): int64 [n, 2]."""
     rows = []
     for a, (low, high) in zip(arrays, bounds):
@@ -52,13 +58,25 @@ def _verdicts(arrays, bounds):
     return jnp.stack(rows)
 
 
-def defer(checks: list[tuple[jax.Array, int, int, Callable[[int], Exception]]], what: str) -> None:
-    """Queues range checks (index array, low, high, error for an offending value); `what` says
-    where the error comes from."""
-    arrays = tuple(c[0] for c in checks)
-    bounds = tuple((int(c[1]), int(c[2])) for c in checks)
+_verdicts = executable_cache.jit(_verdict_rows, static_argnums=0)
+
+
+def verdicts(rows: Callable, jitted: Callable, static: tuple, args: tuple[torch.Tensor, ...]):
+    """`rows(*static, *values of args)`, the int64 [n, 2] verdict rows of a check, computed on the
+    device (`jitted` is `rows` under executable_cache.jit with `static` static), or recorded with
+    the ops while they are recorded lazily (the values do not exist yet)."""
+    if tensors.lazy is not None:
+        return tensors.lazy.call(rows, static, *(tensors.lazy.read(t) for t in args))
     metrics.bump("executions")
-    defer_verdicts(_verdicts(arrays, bounds), [c[3] for c in checks], what)
+    return jitted(*static, *(tensors.to_jax(t) for t in args))
+
+
+def defer(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]], what: str) -> None:
+    """Queues range checks of tpu index tensors (tensor, low, high, error for an offending
+    value); `what` says where the error comes from."""
+    bounds = tuple((int(c[1]), int(c[2])) for c in checks)
+    verdict = verdicts(_verdict_rows, _verdicts, (bounds,), tuple(c[0] for c in checks))
+    defer_verdicts(verdict, [c[3] for c in checks], what)
 
 
 def defer_verdicts(verdicts: jax.Array, errors: list[Callable[[int], Exception]], what: str) -> None:
@@ -79,6 +97,8 @@ def raise_pending() -> None:
         taken = list(_pending)
         _pending.clear()
     for verdict, errors in taken:
+        if not isinstance(verdict, jax.Array):  # recorded lazily: run the trace it belongs to
+            verdict = tensors.lazy.concrete([verdict])[0] if tensors.lazy is not None else verdict.value
         values = np.asarray(global_arrays.fetchable(verdict))
         for (outside, value), (error, what) in zip(values, errors):
             if outside:

@@ -7,7 +7,7 @@ import torch
 
 from torch_tpu import _C, metrics
 from torch_tpu.device import memory
-from torch_tpu.ops import host_tier, storage_locks
+from torch_tpu.ops import host_tier, storage_locks, tensors
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import reshape, to_jax, write_jax
@@ -75,8 +75,23 @@ def _copy_on_host(src: torch.Tensor, dst: torch.Tensor) -> bool:
     return True
 
 
+def _converted(dtype, shape: tuple, complex_dst: bool, value):
+    """`value` as a copy_ writes it into a tensor of `dtype` and `shape` (traced)."""
+    if not complex_dst and value.dtype.kind == "c":
+        value = value.real
+    return jax.numpy.broadcast_to(value.astype(dtype), shape)
+
+
 def _copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     if _copy_on_host(src, dst):
+        return dst
+    if tensors.lazy is not None and src.device == dst.device and src.device.type == "tpu":
+        # Recorded: reading the value would run the ops recorded so far (an arange's out= copy
+        # would split a lazy step's executable).
+        if tuple(src.shape) != tuple(dst.shape):
+            torch.broadcast_shapes(tuple(dst.shape), tuple(src.shape))  # CPU's error for a size mismatch
+        static = (to_numpy_dtype(dst.dtype), tuple(dst.shape), dst.dtype.is_complex)
+        write_jax(dst, tensors.lazy.call(_converted, static, tensors.lazy.read(src)))
         return dst
     if src.device.type == "tpu" and dst.device.type == "tpu":
         value = to_jax(src)

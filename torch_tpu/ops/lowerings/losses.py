@@ -73,12 +73,13 @@ def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, to
     return jax.nn.one_hot(safe, self.shape[-1], dtype=scale.dtype) * scale[..., None]
 
 
-@functools.partial(executable_cache.jit, static_argnums=(1, 2))
-@functools.partial(executable_cache.jit, static_argnums=(1, 2))
-def _target_verdict(target, classes: int, ignore_index: int):
+def _target_rows(classes: int, ignore_index: int, target):
     """int64 [1, 2]: (a class target out of range?, the first one)."""
     bad = (((target < 0) | (target >= classes)) & (target != ignore_index)).reshape(-1)
     return jnp.stack([jnp.any(bad).astype(jnp.int64), target.reshape(-1)[jnp.argmax(bad)].astype(jnp.int64)])[None]
+
+
+_target_verdict = executable_cache.jit(_target_rows, static_argnums=(0, 1))
 
 
 _CLASS_TARGETS = (torch.int64, torch.int32, torch.uint8)  # range-checked (int32 raises the dtype error first)
@@ -103,8 +104,8 @@ def _check_targets_host(self, target, weight, reduction, ignore_index):
     if target.numel() == 0 or target.device.type != "tpu" or target.dtype not in _CLASS_TARGETS:
         return
     classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
-    metrics.bump("executions")
-    verdict = _target_verdict(to_jax(target), int(classes), int(ignore_index))
+    static = (int(classes), int(ignore_index))
+    verdict = deferred_checks.verdicts(_target_rows, _target_verdict, static, (target,))
     error = lambda value: IndexError(f"Target {value} is out of bounds.")
     if deferred_checks.enabled():
         deferred_checks.defer_verdicts(verdict, [error], "a class-target check of a queued nll_loss")
@@ -215,10 +216,12 @@ def _bce_outside(x, t):
     return jnp.any(bad), bad_x[jnp.argmax(bad)] if bad.size else jnp.bool_(False)
 
 
-@executable_cache.jit
-def _bce_verdict(x, t):
+def _bce_rows(x, t):
     bad, on_input = _bce_outside(x, t)
     return jnp.stack([bad.astype(jnp.int64), on_input.astype(jnp.int64)])[None]
+
+
+_bce_verdict = executable_cache.jit(_bce_rows)
 
 
 def _bce_host_check(self, target, weight=None, reduction=_MEAN):
@@ -227,8 +230,7 @@ def _bce_host_check(self, target, weight=None, reduction=_MEAN):
         return
     if self.device.type != "tpu" or target.device.type != "tpu":
         return
-    metrics.bump("executions")
-    verdict = _bce_verdict(to_jax(self), to_jax(target))
+    verdict = deferred_checks.verdicts(_bce_rows, _bce_verdict, (), (self, target))
     error = lambda on_input: RuntimeError(_BCE_INPUT if on_input else _BCE_TARGET)
     if deferred_checks.enabled():
         deferred_checks.defer_verdicts(verdict, [error], "an input check of a queued binary_cross_entropy")
