@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import torch_tpu
-from torch_tpu.runtime import background_compile
+from torch_tpu.platforms.cpu import background_compile
 
 _SIZES = iter(range(211, 400))  # sizes no other test uses: first calls of these signatures miss
 

@@ -8,8 +8,9 @@ import pkgutil
 
 import torch
 
-from torch_tpu.ops import checks, deferred_checks, dispatcher, fallback, host_tier, lowerings, registry
+from torch_tpu.ops import checks, deferred_checks, dispatcher, fallback, lowerings, registry
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.platforms.cpu import host_tier
 
 _libraries: list[torch.library.Library] = []
 

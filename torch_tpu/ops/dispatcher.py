@@ -26,7 +26,7 @@ from torch._ops import OpOverload
 from torch_tpu import _C, debug, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import growing, host_tier, precision, spmd, storage_locks, tensors, view_gathers
+from torch_tpu.ops import growing, precision, spmd, storage_locks, tensors, view_gathers
 from torch_tpu.ops.checks import check_no_overlap
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH, to_numpy_dtype
 from torch_tpu.ops.geometry import check_no_internal_overlap
@@ -34,7 +34,8 @@ from torch_tpu.ops.registry import Lowering, SignatureCheck
 from torch_tpu.ops.rng import key_data, key_from_data_jit
 from torch_tpu.ops.schema import OpPlan, call_lowering, call_schema, conform_tree, flatten_values
 from torch_tpu.ops.tensors import apply_bits, buffer_of, math_bits, tensor_geometry
-from torch_tpu.runtime import background_compile, client, compile_worker, executable_cache
+from torch_tpu.platforms.cpu import background_compile, compile_worker, host_tier
+from torch_tpu.runtime import client, executable_cache
 
 _cache = executable_cache.ExecutableCache()
 _kernels: dict[tuple[str, bool], tuple[OpPlan, Lowering]] = {}  # (op name, derived) -> what its kernel runs
@@ -209,7 +210,7 @@ class _Entry:
         self.traceable = None  # the jitted lowering (lazy mode traces it); None for a loaded executable
         self.compiled = False  # run has been called (jax compiled it); lazy mode only traces it
         self.fast = None  # what the C++ path needs (direct call, fresh output specs, self's spec), or False
-        self.job = None  # its background compile (runtime/background_compile.py); False: compiles at its call
+        self.job = None  # its background compile (platforms/cpu/background_compile.py); False: compiles at its call
         self.lazy_avals = None  # the flat results' shapes, for lazy mode
         self.fresh_meta = fresh_meta
         self.fresh_layout = _fresh_layout(fresh_meta)  # meta strides where the buffer is laid out with them
@@ -704,7 +705,7 @@ def _host_runnable(entry: _Entry, lowering: Lowering, plan: OpPlan, bound: list)
 
 
 def _host_tier_ok(lowering: Lowering, plan: OpPlan, bound: list) -> bool:
-    """Whether the host tier may run this call (see ops/host_tier.py)."""
+    """Whether the host tier may run this call (see platforms/cpu/host_tier.py)."""
     if not lowering.host_tier or lowering.random or plan.out_names or plan.generator_index is not None:
         return False
     if spmd.layer is not None or tensors.lazy is not None or not host_tier.available():

@@ -95,7 +95,7 @@ class Lowering:
     # append (ops/growing.py), a transfer between devices. Not used by derived variants or graphs.
     front: FrontPath | None = None
     # Whether the host tier may run the op's CPU kernel while its executable compiles
-    # (ops/host_tier.py); False where the lowering's results differ from CPU's on purpose.
+    # (platforms/cpu/host_tier.py); False where the lowering's results differ from CPU's on purpose.
     host_tier: bool = True
     # Arguments whose memory the tensor an in-place or out= form writes must not share (CPU's
     # assert_no_overlap: cat's inputs, index_copy_'s index and source). The functional op skips it.

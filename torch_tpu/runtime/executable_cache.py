@@ -36,7 +36,8 @@ from jax._src.interpreters import pxla
 from jax.experimental import serialize_executable
 
 from torch_tpu import debug, metrics
-from torch_tpu.runtime import background_compile, client, compile_worker, global_arrays, persistent_cache
+from torch_tpu.platforms.cpu import background_compile, compile_worker
+from torch_tpu.runtime import client, global_arrays, persistent_cache
 
 _ArrayImpl = ArrayImpl  # a concrete array (not a tracer)
 
@@ -409,7 +410,7 @@ class Jit:
     def ready(self, *args, **kwargs) -> bool:
         """Whether the executable for these arguments (arrays or jax.ShapeDtypeStruct) is at hand:
         in memory, or loaded now from the persistent cache. If not, it starts compiling in the
-        background (runtime/background_compile.py), and a later call says True once it is done
+        background (platforms/cpu/background_compile.py), and a later call says True once it is done
         (or failed: the call then compiles it and raises what it raises)."""
         return self._ready(self._signature(args, kwargs)[0], args, kwargs)
 

@@ -2,7 +2,7 @@
 
 A first-seen op signature would otherwise wait for XLA (tens to hundreds of milliseconds per
 signature on the CPU client) before it runs. Instead the dispatcher hands the compile to
-runtime/background_compile.py and runs the call here: the tensors' buffers are read as CPU
+platforms/cpu/background_compile.py and runs the call here: the tensors' buffers are read as CPU
 tensors through their geometry, the op runs on the CPU, and its results become tpu tensors
 again. Calls of that signature keep running on the host (in C++, csrc/eager_kernel.cc, for the
 ops it serves) until the executable is ready; then they run it. CPU's kernel is PyTorch's
@@ -29,7 +29,8 @@ from jax._src.lib import _jax
 from torch_tpu import _C, metrics
 from torch_tpu.device import memory
 from torch_tpu.ops import spmd, tensors
-from torch_tpu.runtime import background_compile, client
+from torch_tpu.platforms.cpu import background_compile
+from torch_tpu.runtime import client
 
 _CPU = torch.device("cpu")
 

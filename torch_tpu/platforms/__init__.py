@@ -1,0 +1,1 @@
+"""What differs between the PJRT clients tpu tensors run on (docs/architecture.md, "The platform boundary")."""
