@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from torch_tpu import platforms
 from torch_tpu.platforms.tpu.mosaic import LANES, compiler_params
-from torch_tpu.runtime import client
 
 # A finite "minus infinity": masked scores stay NaN-free even when a whole row is masked.
 NEG_INF = -1e30
@@ -33,7 +33,7 @@ _print_modules: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_tpu
 def compiled() -> bool:
     """True where kernels compile with Mosaic (TPU, or inside `lowering_for_tpu()`), False where
     Pallas interprets them."""
-    return _force_mosaic.get() or client.platform() == "tpu"
+    return _force_mosaic.get() or platforms.kernels_compile()
 
 
 def interpret() -> bool:

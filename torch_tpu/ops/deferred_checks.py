@@ -10,8 +10,9 @@ own, and the verdicts are read at the next host read (`.item()`, `.cpu()`, print
 its op's CPU exception there, with a note naming the op. The op's own result is then
 meaningless, as on CPU where it never ran, and no value of it was seen.
 
-Deferred on every platform but the CPU client, where a host read costs nothing (its checks stay
-synchronous, exactly CPU's behaviour); TORCH_TPU_DEFERRED_CHECKS=1 or 0 decides elsewise.
+Deferred on every platform but the CPU client, where buffers are host memory and a host read
+costs nothing (`platforms.host_memory_buffers()`: its checks stay synchronous, exactly CPU's
+behaviour); TORCH_TPU_DEFERRED_CHECKS=1 or 0 decides elsewise.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from torch_tpu import metrics
+from torch_tpu import metrics, platforms
 from torch_tpu.runtime import client, executable_cache, global_arrays
 
 # Verdicts queued before a host read forces them (bounds the memory they hold).
@@ -38,7 +39,7 @@ def enabled() -> bool:
     setting = os.environ.get("TORCH_TPU_DEFERRED_CHECKS", "").strip()
     if setting:
         return setting not in ("0", "false", "no", "off")
-    return client.platform() != "cpu"
+    return not platforms.host_memory_buffers()
 
 
 @executable_cache.jit

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import _C, debug, metrics
+from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import growing, precision, spmd, storage_locks, tensors, view_gathers
@@ -366,7 +366,7 @@ def _build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device
         return entry
     entry.traceable = executable_cache.LazyJit(run, **jit_kwargs)
     # Compiled at the first call (then kept on disk, if persist, with what the trace set).
-    options = executable_cache.op_compile_options()
+    options = platforms.op_compile_options()
     entry.run = executable_cache.FirstCall(entry.traceable, persist, lambda: _entry_state(entry), entry, "run", options)
     return entry
 
