@@ -20,7 +20,7 @@ import jax
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import _C, debug, metrics
+from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.device import memory
 from torch_tpu.ops import growing, host_tier_calls, precision, spmd, storage_locks, tensors, view_gathers
 from torch_tpu.ops.checks import check_no_overlap
@@ -44,10 +44,22 @@ from torch_tpu.runtime import executable_cache
 _cache = executable_cache.ExecutableCache()
 
 
-def register_kernel(lib: torch.library.Library, op: OpOverload, lowering: Lowering, derived: bool, key: str) -> None:
+def register_kernel(
+    lib: torch.library.Library,
+    op: OpOverload,
+    lowering: Lowering,
+    derived: bool,
+    key: str,
+    rules: dict[str, Lowering] | None = None,
+) -> None:
     """Registers `op`'s tpu kernel on dispatch key `key`: behind the C++ steady-state path
-    (csrc/eager_kernel.cc) where the op can take it, else the Python kernel alone."""
+    (csrc/eager_kernel.cc) where the op can take it, else the Python kernel alone. With platform
+    `rules` beside the portable `lowering` ({platform: rule}, ops/registry.py), each call runs the
+    Python kernel of the rule for `platforms.lowering_platform()` (the C++ path takes none)."""
     plan = OpPlan(op, derived)
+    if rules:
+        lib.impl(op, _kernel_per_platform(op, lowering, rules, derived, plan), key)
+        return
     kernel = make_kernel(op, lowering, derived, plan)
     fast = _fast_path_form(plan, lowering, key)
     if fast is None:
@@ -60,6 +72,21 @@ def register_kernel(lib: torch.library.Library, op: OpOverload, lowering: Loweri
     _C._register_eager_kernel(
         plan.label, schema.name, schema.overload_name, kernel, traced, inplace, storage_locks.table(), check
     )
+
+
+def _kernel_per_platform(
+    op: OpOverload, portable: Lowering, rules: dict[str, Lowering], derived: bool, plan: OpPlan
+) -> Callable:
+    """The kernel of an op with platform rules: per call, the Python kernel of the rule of
+    `platforms.lowering_platform()`, else of the portable rule."""
+    kernels = {platform: make_kernel(op, rule, derived, plan, platform) for platform, rule in rules.items()}
+    fallback = make_kernel(op, portable, derived, plan)
+
+    def kernel(*args, **kwargs):
+        return kernels.get(platforms.lowering_platform(), fallback)(*args, **kwargs)
+
+    kernel.__name__ = fallback.__name__
+    return kernel
 
 
 def _per_call_check(lowering: Lowering, derived: bool) -> Callable | None:
@@ -103,10 +130,16 @@ def _fast_path_form(plan: OpPlan, lowering: Lowering, key: str) -> str | None:
     return None
 
 
-def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan | None = None) -> Callable:
-    """The Python kernel of `op` on tpu tensors: what torch.library calls, or the C++ path on a miss."""
+def make_kernel(
+    op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan | None = None, platform: str | None = None
+) -> Callable:
+    """The Python kernel of `op` on tpu tensors: what torch.library calls, or the C++ path on a miss.
+    `platform`: the platform whose rule `lowering` is (None: the portable rule); the executables of
+    each rule are cached apart."""
     plan = plan or OpPlan(op, derived)
-    host_tier_calls.kernels[(str(op), derived)] = (plan, lowering)
+    rule_key = (str(op), derived, platform)
+    host_tier_calls.kernels[rule_key] = (plan, lowering)
+    cached_op = op if platform is None else (op, platform)  # the first part of the cache key
     traced = plan.traced_scalars(lowering.traced)
     check = lowering.check
     if check is not None and derived and plan.out_names and not _takes_outs(check, plan.out_names):
@@ -174,7 +207,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
         aliases = storage_aliases(plan, bound) if plan.mutable else None
         device = call.device if call.device is not None else factory_device_of(bound)
         # factories and wrapped floats depend on the default dtype, matmuls on the matmul precision
-        key = (op, sig, torch.get_default_dtype(), aliases, precision.cache_key(), device, spmd.layer is None)
+        key = (cached_op, sig, torch.get_default_dtype(), aliases, precision.cache_key(), device, spmd.layer is None)
         entry = _cache.get(key)
         compile_start = None
         if entry is None and spmd.layer is None and tensors.lazy is None and view_gathers.moving_views(op, sig):
@@ -214,7 +247,7 @@ def make_kernel(op: OpOverload, lowering: Lowering, derived: bool, plan: OpPlan 
                 state = (
                     "now"
                     if entry.job is False
-                    else host_tier_calls.background_state(entry, lowering, plan, call, bound, aliases)
+                    else host_tier_calls.background_state(entry, rule_key, call, bound, aliases)
                 )
                 if state == "host":
                     result = host_tier_calls.run_on_host(op, plan, args, kwargs, bound, device, entry)

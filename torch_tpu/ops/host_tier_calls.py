@@ -34,18 +34,20 @@ from torch_tpu.ops.schema import OpPlan, flatten_values
 from torch_tpu.platforms.cpu import background_compile, compile_worker, host_tier
 from torch_tpu.runtime import executable_cache
 
-kernels: dict[tuple[str, bool], tuple[OpPlan, Lowering]] = {}  # (op name, derived) -> what its kernel runs
+# (op name, derived, platform of its rule or None) -> what that kernel runs
+kernels: dict[tuple[str, bool, str | None], tuple[OpPlan, Lowering]] = {}
 
 FAILED = object()  # the host tier could not run a call
 
 
-def background_state(entry: Entry, lowering: Lowering, plan: OpPlan, call: Call, bound: list, aliases) -> str:
+def background_state(entry: Entry, kernel: tuple, call: Call, bound: list, aliases) -> str:
     """For a call of an entry not compiled yet: "host" (run the call on the host tier while the
     executable compiles in the background), "ready" (the background compile finished) or "now"
     (compile at this call: one the host tier cannot run, or after a failed background compile,
-    whose error then surfaces here)."""
+    whose error then surfaces here). `kernel`: the key of the op's kernel in `kernels`."""
     job = entry.job
     if job is None:
+        plan, lowering = kernels[kernel]
         if not _host_runnable(entry, lowering, plan, bound):
             entry.job = False
             return "now"
@@ -55,7 +57,7 @@ def background_state(entry: Entry, lowering: Lowering, plan: OpPlan, call: Call,
         counter = [0]
         template = [to_template(v, call, counter) for v in bound]
         factory_device = factory_device_of(bound) if call.device is None else None
-        request = (str(plan.op), plan.derived, template, factory_device, aliases, first_call.key, inputs, level, dtype)
+        request = (kernel, template, factory_device, aliases, first_call.key, inputs, level, dtype)
         entry.job = background_compile.submit(
             lambda: _compile_in_background(first_call, inputs, level, dtype), ("op", request)
         )
@@ -118,8 +120,8 @@ def _abstract(value):
 def _compile_request(request: tuple) -> bytes:
     """In the compile worker: the executable of an eager op call `background_state` described,
     with what its trace found (`entry_state`), as executable_cache.to_bytes gives them."""
-    name, derived, template, factory_device, aliases, persist, inputs, level, dtype = request
-    plan, lowering = kernels[(name, derived)]
+    kernel, template, factory_device, aliases, persist, inputs, level, dtype = request
+    plan, lowering = kernels[kernel]
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -130,7 +132,7 @@ def _compile_request(request: tuple) -> bytes:
         torch.set_default_dtype(previous)
     body = executable_cache.to_bytes(compiled, entry_state(entry))
     if body is None:
-        raise RuntimeError(f"the executable of {name} cannot be serialized")
+        raise RuntimeError(f"the executable of {kernel[0]} cannot be serialized")
     return body
 
 
