@@ -14,6 +14,8 @@ import torch
 import torch_tpu
 from torch_tpu.platforms.cpu import background_compile
 
+pytestmark = pytest.mark.cpu_client  # the host tier and the compile worker are the CPU client's
+
 _SHAPES = iter(range(3, 400))  # every test's tensors get sizes no other test uses: first calls miss
 
 

@@ -3,6 +3,7 @@ eager ops compile with the CPU client's cheaper options; results equal CPU's."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import torch_tpu
@@ -54,6 +55,7 @@ def test_writes_through_a_moving_view_still_land():
     torch.testing.assert_close(got.cpu(), expected)
 
 
+@pytest.mark.cpu_client
 def test_eager_ops_compile_cheaper_on_the_cpu_client(monkeypatch):
     assert platforms.op_compile_options() == {
         "xla_cpu_parallel_codegen_split_count": 1,
