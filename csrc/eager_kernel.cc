@@ -65,7 +65,7 @@ struct Entry {
   at::ScalarType self_dtype = at::ScalarType::Undefined;  // in-place ops: the new buffer's spec
   int64_t self_numel = -1;
   // Set instead of `run` while the executable compiles in the background: calls run on the host
-  // tier until this torch_tpu.runtime.background_compile.Job is done.
+  // tier until this torch_tpu.platforms.cpu.background_compile.Job is done.
   py::object job;
 };
 
@@ -634,7 +634,7 @@ class OpState {
   }
 
   // Whether a background compile `job` finished; a call waiting for it counts towards its
-  // rank (runtime/background_compile.py).
+  // rank (platforms/cpu/background_compile.py).
   static bool compiled(const py::object& job) {
     if (py::cast<bool>(job.attr("done"))) {
       return true;

@@ -1,4 +1,4 @@
-// The host tier's tensor moves (torch_tpu/ops/host_tier.py): a tpu tensor read as a CPU tensor
+// The host tier's tensor moves (torch_tpu/platforms/cpu/host_tier.py): a tpu tensor read as a CPU tensor
 // over its buffer's host memory, and a CPU result made a tpu tensor, neither copying on the
 // CPU client (DeviceBuffer::host, set_host).
 #pragma once

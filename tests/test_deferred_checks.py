@@ -75,10 +75,9 @@ def test_pending_verdicts_are_bounded(deferred, monkeypatch):
     assert deferred_checks.pending() == 0  # the fourth read the first three
 
 
+@pytest.mark.cpu_client
 def test_checks_stay_synchronous_on_the_cpu_client(monkeypatch):
     monkeypatch.delenv("TORCH_TPU_DEFERRED_CHECKS", raising=False)
-    if torch_tpu.platform() != "cpu":
-        pytest.skip("the CPU client's policy")
     assert not deferred_checks.enabled()
     with pytest.raises(IndexError, match="index out of range in self"):
         F.embedding(torch.tensor([11]).to("tpu"), torch.randn(10, 4).to("tpu"))

@@ -204,7 +204,7 @@ def test_small_queries():
         torch.tpu.set_sync_debug_mode("loud")
 
 
-@pytest.mark.skipif(torch_tpu.platform() != "cpu", reason="the CPU client's message")
+@pytest.mark.cpu_client  # its message
 def test_utilization_on_the_cpu_client_says_why():
     with pytest.raises(NotImplementedError, match="XLA CPU client reports no utilization"):
         torch.tpu.utilization()

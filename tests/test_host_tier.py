@@ -1,5 +1,5 @@
-"""The host tier (ops/host_tier.py): a first-seen op signature runs with PyTorch's CPU kernel
-while its executable compiles in the background (runtime/background_compile.py), and the calls
+"""The host tier (platforms/cpu/host_tier.py): a first-seen op signature runs with PyTorch's CPU kernel
+while its executable compiles in the background (platforms/cpu/background_compile.py), and the calls
 after the compile run the executable. Both give CPU's results, views alias, in-place ops mutate."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu.runtime import background_compile
+from torch_tpu.platforms.cpu import background_compile
+
+pytestmark = pytest.mark.cpu_client  # the host tier and the compile worker are the CPU client's
 
 _SHAPES = iter(range(3, 400))  # every test's tensors get sizes no other test uses: first calls miss
 
@@ -169,7 +171,7 @@ def test_exit_with_compiles_pending_does_not_wait_for_them():
     done). With the cache, the exit finishes them (test_persistent_cache_warm.py)."""
     code = (
         "import atexit, torch, torch_tpu\n"
-        "from torch_tpu.runtime import background_compile\n"
+        "from torch_tpu.platforms.cpu import background_compile\n"
         "x = torch.randn(64).to('tpu')\n"
         "for n in range(1, 60):\n"
         "    (x[:n] * 2 + 1).sum()\n"

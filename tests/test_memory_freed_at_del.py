@@ -12,12 +12,12 @@ from torch import nn
 from torch.nn import functional as F
 
 import torch_tpu
-from torch_tpu.runtime import background_compile
+from torch_tpu.platforms.cpu import background_compile
 
 _SIZES = iter(range(211, 400))  # sizes no other test uses: first calls of these signatures miss
 
 
-@pytest.fixture(params=["0", "thread"], ids=["compile_first", "host_tier"])
+@pytest.fixture(params=["0", pytest.param("thread", marks=pytest.mark.cpu_client)], ids=["compile_first", "host_tier"])
 def compile_mode(request, monkeypatch):
     """TORCH_TPU_ASYNC_COMPILE "0": every first call compiles before it runs; "thread": first calls
     run on the host tier while they compile in the background (on a thread: no worker process to

@@ -244,9 +244,8 @@ def test_reported_capacity_refuses_what_can_never_fit(fake_tpu, monkeypatch):
         torch.empty(16 * GiB, dtype=torch.uint8, device="tpu")
 
 
+@pytest.mark.cpu_client
 def test_cpu_client_numbers():
-    if torch_tpu.platform() != "cpu":
-        pytest.skip("the CPU client's numbers")
     assert memory.runtime_stats(0) == {} and memory.capacity(0) is None  # no capacity: no refusal
     props = torch.tpu.get_device_properties(0)
     assert props.name == "cpu" and props.total_memory == memory.host_memory_bytes()

@@ -112,6 +112,7 @@ def _run(script: str, cache: pathlib.Path, package_root: pathlib.Path = _PACKAGE
     return result
 
 
+@pytest.mark.cpu_client  # LAPACK's custom calls
 @pytest.mark.parametrize("async_compile", ["0", None], ids=["compile_first", "default_async"])
 def test_linalg_and_fft_from_a_warm_cache_run_as_cold_ones(tmp_path, async_compile):
     mode = {} if async_compile is None else {"TORCH_TPU_ASYNC_COMPILE": async_compile}
@@ -130,6 +131,7 @@ def test_linalg_and_fft_from_a_warm_cache_run_as_cold_ones(tmp_path, async_compi
     assert "CacheWarning" not in warm["stderr"]
 
 
+@pytest.mark.cpu_client  # the host tier runs its first calls
 def test_a_short_training_script_compiles_nothing_after_its_first_run(tmp_path):
     cache = tmp_path / "cache"
     first = _run(_TRAIN_SCRIPT, cache)  # the default asynchronous compile

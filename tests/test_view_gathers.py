@@ -3,10 +3,11 @@ eager ops compile with the CPU client's cheaper options; results equal CPU's."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import torch_tpu
-from torch_tpu.runtime import executable_cache
+from torch_tpu import platforms
 
 
 def _grow(device: str, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -54,12 +55,13 @@ def test_writes_through_a_moving_view_still_land():
     torch.testing.assert_close(got.cpu(), expected)
 
 
+@pytest.mark.cpu_client
 def test_eager_ops_compile_cheaper_on_the_cpu_client(monkeypatch):
-    assert executable_cache.op_compile_options() == {
+    assert platforms.op_compile_options() == {
         "xla_cpu_parallel_codegen_split_count": 1,
         "xla_cpu_use_fusion_emitters": False,
     }
     monkeypatch.setenv("TORCH_TPU_FAST_OP_COMPILE", "0")
-    assert executable_cache.op_compile_options() is None
+    assert platforms.op_compile_options() is None
     x = torch.randn(300, 300)
     torch.testing.assert_close((x.to("tpu").tanh() * 3).sum(0).cpu(), (x.tanh() * 3).sum(0))

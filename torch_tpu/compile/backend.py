@@ -18,7 +18,7 @@ import torch._dynamo
 from torch._ops import OpOverload
 from torch.fx import GraphModule
 
-from torch_tpu import debug
+from torch_tpu import debug, platforms
 from torch_tpu.compile import options as compile_options
 from torch_tpu.compile.graph import GraphRunner
 from torch_tpu.ops import registry
@@ -42,8 +42,9 @@ _previous_inputs: dict[int, list[str]] = {}  # dynamo frame id -> input descript
 
 
 def _graph_lowerable(op: OpOverload) -> bool:
-    """The op has a jax function in graphs (its lowering, a graph-only one, or an eager one's `graph=`)."""
-    lowering = registry.table().get(op)
+    """The op has a jax function in graphs (its lowering, a graph-only one, or an eager one's `graph=`)
+    on this platform."""
+    lowering = registry.lowering(op, platforms.lowering_platform())
     return lowering is not None and lowering.graph_fn is not None
 
 

@@ -37,7 +37,7 @@ from jax._src.lib import _jax
 from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
-from torch_tpu import _C, debug, metrics
+from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.compile import async_compile, buckets, donation
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
@@ -158,7 +158,7 @@ def _classify(node: Node, eager_nodes: set[Node]) -> _Lowered | None:
             return None
     if target in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default) and _has_bool_index(node):
         return None  # a bool mask gives a data-dependent shape
-    lowering = registry.table().get(target)
+    lowering = registry.lowering(target, platforms.lowering_platform())  # this platform's rule
     if lowering is None:
         return None
     if lowering.graph_only:
@@ -238,6 +238,7 @@ class Segment:
         self.has_random = any(lowered[n].random_index is not None for n in nodes)
         self.has_checks = any(lowered[n].check is not None for n in nodes)
         self.executables: dict[tuple, _Executable] = {}
+        self.rules = platforms.lowering_platform()  # whose lowering rules its nodes were given
         self._last_signature: tuple | None = None
         self._text: str | None = None
         self.options = compile_options.DEFAULT  # set by GraphRunner
@@ -389,6 +390,7 @@ class Segment:
                     + checked
                 )
             lines.append(f"out {[n.name for n in self.outputs]} mutates {[p.name for p, _ in self.mutations]}")
+            lines.append(f"rules {self.rules}")
             self._text = "\n".join(lines)
         return self._text
 

@@ -2,7 +2,7 @@
 
 `torch_tpu.eager_mode(False)` switches the dispatcher from op by op to recording.
 Each op still goes through its usual plan: the meta run gives PyTorch's shapes,
-dtypes and errors, and the op's cached entry (dispatcher._Entry) gives the jax
+dtypes and errors, and the op's cached entry (op_entries.Entry) gives the jax
 function over flat storage buffers. Instead of running that function, the
 dispatcher records it and puts a `LazyArray` (shape and dtype only) where the
 storage's buffer would go. Views are C++ metadata over the same storage and

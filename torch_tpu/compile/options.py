@@ -8,9 +8,9 @@ inductor modes map to what they can mean here:
   step) is here buffer donation: inputs the graph overwrites are donated, so a
   training step updates parameters and optimizer state in place.
 - "max-autotune" (and "max-autotune-no-cudagraphs"): spend compile time for
-  speed: the backend's autotuning flags (GPU: `xla_gpu_autotune_level=4`;
-  TPU and CPU have no autotuner flag, so only donation is added, as in
-  "reduce-overhead" for "max-autotune").
+  speed: the platform's autotuning flags (`platforms.autotune_flags()`; GPU:
+  `xla_gpu_autotune_level=4`; TPU and CPU have no autotuner flag, so only
+  donation is added, as in "reduce-overhead" for "max-autotune").
 
 Options (all optional; an unknown key raises ValueError listing these):
 
@@ -42,6 +42,8 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from torch_tpu import platforms
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -104,24 +106,16 @@ DEFAULT = CompileOptions()
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(CompileOptions) if f.name != "mode")
 
 
-def _mode_defaults(mode: str, platform: str) -> dict[str, Any]:
+def _mode_defaults(mode: str) -> dict[str, Any]:
     if mode == "default":
         return {}
     defaults: dict[str, Any] = {}
     if mode in ("reduce-overhead", "max-autotune"):
         defaults["donate_buffers"] = True
-    if mode.startswith("max-autotune") and platform in ("gpu", "cuda", "rocm"):
-        defaults["xla_flags"] = {"xla_gpu_autotune_level": 4}
+    flags = platforms.autotune_flags() if mode.startswith("max-autotune") else {}
+    if flags:
+        defaults["xla_flags"] = flags
     return defaults
-
-
-def _platform() -> str:
-    try:
-        import jax
-
-        return jax.default_backend()
-    except Exception:
-        return "cpu"
 
 
 def _bool(name: str, value) -> bool:
@@ -200,7 +194,7 @@ def parse(mode: str | None = None, options: Mapping[str, Any] | None = None) -> 
             f'torch.compile(backend="tpu"): unknown option(s) {", ".join(map(repr, unknown))}; '
             f"the options are {', '.join(OPTION_NAMES)}"
         )
-    merged = {**_mode_defaults(mode, _platform()), **given}
+    merged = {**_mode_defaults(mode), **given}
     return CompileOptions(
         mode=mode,
         dynamic_buckets=_buckets(merged.get("dynamic_buckets")),

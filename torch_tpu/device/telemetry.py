@@ -1,6 +1,6 @@
 """Device telemetry and capability queries for `torch.tpu`, as torch.cuda has them.
 
-On TPU, utilization() and memory_usage() read libtpu's runtime metrics (libtpu.sdk.tpumonitoring:
+On TPU, utilization() and memory_usage() read libtpu's runtime metrics (platforms/tpu/monitoring.py:
 duty_cycle_pct and runtime_hbm_utilization), where the platform reports them. Nothing reports
 clock rate, power or temperature for tpu devices, and the XLA CPU client reports none of these,
 so those calls raise NotImplementedError saying so.
@@ -9,25 +9,15 @@ so those calls raise NotImplementedError saying so.
 from __future__ import annotations
 
 from torch_tpu.device.devices import DeviceLike, _index, _memory_index, _valid
+from torch_tpu.platforms.tpu import monitoring
 from torch_tpu.runtime import client
-
-
-def _libtpu_metric(name: str, index: int) -> float | None:
-    """libtpu's runtime metric `name` for chip `index` (a percentage), or None where it has none."""
-    try:
-        from libtpu import sdk  # shipped with libtpu (jax[tpu]); absent on other platforms
-
-        values = sdk.tpumonitoring.get_metric(name).data()
-        return float(values[index]) if index < len(values) else None
-    except Exception:
-        return None
 
 
 def _percent(what: str, metric: str, device: DeviceLike) -> int:
     index = _memory_index(device)
-    platform = client.platform()
-    value = _libtpu_metric(metric, index) if platform == "tpu" else None
+    value = monitoring.metric(metric, index)
     if value is None:
+        platform = client.platform()
         where = (
             f"libtpu reports no {metric} for tpu:{index} on this host"
             if platform == "tpu"

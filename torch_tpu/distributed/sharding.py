@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from torch_tpu import _C, debug
 from torch_tpu.distributed import multihost
 from torch_tpu.distributed.mesh import Mesh
-from torch_tpu.ops import dispatcher, spmd, tensors
+from torch_tpu.ops import op_entries, spmd, tensors
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 
 SpecEntry = str | Sequence[str] | None
@@ -98,9 +98,9 @@ def sharding_spec(tensor: torch.Tensor) -> tuple | None:
 
 
 def _tpu_tensors(bound: list, out: list) -> None:
-    """The call's inputs in dispatcher._Call.walk order: a tpu tensor, or None for other inputs."""
+    """The call's inputs in op_entries.Call.walk order: a tpu tensor, or None for other inputs."""
     for x in bound:
-        if isinstance(x, dispatcher.WrappedNumber):
+        if isinstance(x, op_entries.WrappedNumber):
             out.append(None)
         elif isinstance(x, torch.Tensor):
             out.append(x if x.device.type == "tpu" else None)

@@ -19,7 +19,7 @@ _lib = torch.library.Library(NAMESPACE, "DEF")
 def define(schema: str, lowering: Callable, fake: Callable, cpu: Callable | None = None) -> OpOverload:
     """Defines `tpu_kernels::<schema>` with `fake` as its meta/fake kernel and `lowering`
     (jax arrays in, jax arrays out; see docs/lowerings.md) as its tpu kernel and lowering.
-    `cpu`, if given, is its kernel on CPU tensors (the host tier runs it, ops/host_tier.py)."""
+    `cpu`, if given, is its kernel on CPU tensors (the host tier runs it, platforms/cpu/host_tier.py)."""
     name = _lib.define(schema)
     op: OpOverload = getattr(getattr(torch.ops, NAMESPACE), name).default
     torch.library.register_fake(op, fake, lib=_lib)

@@ -1,14 +1,12 @@
-"""Shared Pallas helpers: how a kernel is called on each platform, and Mosaic's block rules.
+"""Shared Pallas helpers: how a kernel is called on each platform.
 
-Every kernel here is a TPU kernel. On TPU it compiles with Mosaic; elsewhere (the CPU client, a
-GPU) Pallas interprets the same kernel, an emulator for testing. `lowering_for_tpu()` makes the
-kernels lower for Mosaic whatever the client is, so any machine can check that they compile
-(python -m torch_tpu.kernels.check_lowering).
+Every kernel here is a TPU kernel, its blocks sized by Mosaic's rules (platforms/tpu/mosaic.py).
+On TPU it compiles with Mosaic; elsewhere (the CPU client, a GPU) Pallas interprets the same
+kernel, an emulator for testing. `lowering_for_tpu()` makes the kernels lower for Mosaic whatever
+the client is, so any machine can check that they compile (python -m torch_tpu.kernels.check_lowering).
 
-Mosaic's rules the helpers keep:
-- the last two dims of every block divide by (8, 128) or equal the array's (`LANES`, `sublanes`);
-- 64-bit integers never reach a kernel: `call` traces it with x64 off, so index maps, grid
-  indices and scalars are int32 whatever the process's jax_enable_x64 says.
+`call` traces a kernel with x64 off: 64-bit integers never reach Mosaic, so index maps, grid
+indices and scalars are int32 whatever the process's jax_enable_x64 says.
 """
 
 from __future__ import annotations
@@ -21,15 +19,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
-from torch_tpu.runtime import client
+from torch_tpu import platforms
+from torch_tpu.platforms.tpu.mosaic import LANES, compiler_params
 
 # A finite "minus infinity": masked scores stay NaN-free even when a whole row is masked.
 NEG_INF = -1e30
-# Lanes of a TPU vector register: a block's last dim divides by this (or is the whole axis).
-LANES = 128
-PARALLEL, ARBITRARY = "parallel", "arbitrary"
 
 _force_mosaic: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_tpu_force_mosaic", default=False)
 _print_modules: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_tpu_print_modules", default=False)
@@ -38,7 +33,7 @@ _print_modules: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_tpu
 def compiled() -> bool:
     """True where kernels compile with Mosaic (TPU, or inside `lowering_for_tpu()`), False where
     Pallas interprets them."""
-    return _force_mosaic.get() or client.platform() == "tpu"
+    return _force_mosaic.get() or platforms.kernels_compile()
 
 
 def interpret() -> bool:
@@ -68,7 +63,7 @@ def call(
     """`pl.pallas_call` of `kernel`, compiled by Mosaic (with these grid dimension semantics) or
     interpreted, and traced with 64-bit types off."""
     if compiled():
-        params = dict(compiler_params=pltpu.CompilerParams(dimension_semantics=tuple(semantics)), interpret=False)
+        params = dict(compiler_params=compiler_params(semantics), interpret=False)
     else:
         params = dict(interpret=True)
     fn = pl.pallas_call(
@@ -84,30 +79,6 @@ def call(
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
-
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def sublanes(dtype) -> int:
-    """Rows of one packed vector register of `dtype`: a block's second-to-last dim divides by this."""
-    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
-
-
-def row_block(length: int, dtype, largest: int) -> int:
-    """A block along a row (second-to-last) axis: the padded axis if it is short, else `largest`."""
-    return min(largest, round_up(max(length, 1), sublanes(dtype)))
-
-
-def lane_block(length: int, largest: int) -> int:
-    """A block along an axis that becomes lanes in the kernel (keys): a multiple of LANES."""
-    return min(largest, round_up(max(length, 1), LANES))
-
-
-def lane_dim(dim: int) -> int:
-    """A feature dim as a kernel takes it: whole up to LANES, else padded to a multiple of LANES."""
-    return dim if dim <= LANES else round_up(dim, LANES)
 
 
 def to_lanes(x: jax.Array, width: int) -> jax.Array:
@@ -145,9 +116,3 @@ def dot_precision(*operands) -> lax.Precision:
     if operands and all(jnp.dtype(x.dtype) == jnp.float32 for x in operands):
         return lax.Precision.DEFAULT if precision.matmul(*operands) == lax.Precision.DEFAULT else lax.Precision.HIGHEST
     return lax.Precision.DEFAULT
-
-
-def compute_dtype(dtype):
-    """The dtype a kernel computes in: float16 as float32 (Mosaic's vector units take float32 and
-    bfloat16), others as given."""
-    return jnp.float32 if jnp.dtype(dtype) == jnp.float16 else dtype

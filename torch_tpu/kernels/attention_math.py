@@ -18,7 +18,8 @@ from jax import lax
 
 from torch_tpu.kernels import flash
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import growing, host_tier, precision, tensors
+from torch_tpu.ops import growing, precision, tensors
+from torch_tpu.platforms.cpu import host_tier
 from torch_tpu.runtime import executable_cache
 
 

@@ -26,7 +26,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from torch_tpu.kernels import _custom_ops, _pallas
-from torch_tpu.kernels._pallas import ARBITRARY, LANES, NEG_INF, PARALLEL
+from torch_tpu.kernels._pallas import NEG_INF
+from torch_tpu.platforms.tpu import mosaic
+from torch_tpu.platforms.tpu.mosaic import ARBITRARY, LANES, PARALLEL
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -182,14 +184,14 @@ class _Blocks:
         self.batch, self.heads, self.q_len, self.head_dim = q_shape
         self.kv_heads, self.kv_len, self.v_dim = k_shape[1], k_shape[2], v_shape[3]
         self.group = self.heads // self.kv_heads
-        self.d = _pallas.lane_dim(self.head_dim)
-        self.dv = _pallas.lane_dim(self.v_dim)
+        self.d = mosaic.lane_dim(self.head_dim)
+        self.dv = mosaic.lane_dim(self.v_dim)
         # Wide float32 rows take half the block: a block pair's operands and scores stay in VMEM.
         largest = _MAX_BLOCK if max(self.d, self.dv) * jnp.dtype(dtype).itemsize <= 256 else _MAX_BLOCK // 2
-        self.block_q = _pallas.row_block(self.q_len, dtype, largest)
-        self.block_k = _pallas.lane_block(self.kv_len, largest)
-        self.q_pad = _pallas.round_up(self.q_len, self.block_q)
-        self.kv_pad = _pallas.round_up(self.kv_len, self.block_k)
+        self.block_q = mosaic.row_block(self.q_len, dtype, largest)
+        self.block_k = mosaic.lane_block(self.kv_len, largest)
+        self.q_pad = mosaic.round_up(self.q_len, self.block_q)
+        self.kv_pad = mosaic.round_up(self.kv_len, self.block_k)
         self.num_q_blocks = self.q_pad // self.block_q
         self.num_kv_blocks = self.kv_pad // self.block_k
 
@@ -215,7 +217,7 @@ def _scratch(rows: int, width: int):
 
 
 def _as_computed(*xs):
-    dtype = _pallas.compute_dtype(xs[0].dtype)
+    dtype = mosaic.compute_dtype(xs[0].dtype)
     return tuple(x.astype(dtype) for x in xs)
 
 

@@ -24,7 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from torch_tpu.kernels import _custom_ops, _pallas
-from torch_tpu.kernels._pallas import ARBITRARY, PARALLEL
+from torch_tpu.platforms.tpu import mosaic
+from torch_tpu.platforms.tpu.mosaic import ARBITRARY, PARALLEL
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_BLOCK = 512
@@ -40,12 +41,12 @@ class _Tiles:
 
     def __init__(self, m: int, k: int, n: int, groups: int, dtype, precision):
         self.m, self.k, self.n, self.groups, self.precision = m, k, n, groups, precision
-        self.block_m = _pallas.row_block(m, dtype, _MAX_BLOCK)
-        self.block_k = _whole_or(k, _MAX_BLOCK, _pallas.LANES)
-        self.block_n = _whole_or(n, _MAX_BLOCK, _pallas.LANES)
-        self.m_pad = _pallas.round_up(m, self.block_m)
-        self.k_pad = _pallas.round_up(k, self.block_k)
-        self.n_pad = _pallas.round_up(n, self.block_n)
+        self.block_m = mosaic.row_block(m, dtype, _MAX_BLOCK)
+        self.block_k = _whole_or(k, _MAX_BLOCK, mosaic.LANES)
+        self.block_n = _whole_or(n, _MAX_BLOCK, mosaic.LANES)
+        self.m_pad = mosaic.round_up(m, self.block_m)
+        self.k_pad = mosaic.round_up(k, self.block_k)
+        self.n_pad = mosaic.round_up(n, self.block_n)
         self.num_tiles = self.m_pad // self.block_m
         self.num_visits = self.num_tiles + groups - 1
 
@@ -122,7 +123,7 @@ def _tgmm_kernel(tile_ref, group_ref, offsets_ref, count_ref, lhs_ref, grad_ref,
 
 
 def _as_computed(*xs):
-    dtype = _pallas.compute_dtype(xs[0].dtype)
+    dtype = mosaic.compute_dtype(xs[0].dtype)
     return tuple(x.astype(dtype) for x in xs)
 
 

@@ -25,7 +25,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from torch_tpu.kernels import _custom_ops, _pallas
-from torch_tpu.kernels._pallas import ARBITRARY, LANES, NEG_INF, PARALLEL
+from torch_tpu.kernels._pallas import NEG_INF
+from torch_tpu.platforms.tpu import mosaic
+from torch_tpu.platforms.tpu.mosaic import ARBITRARY, LANES, PARALLEL
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -70,14 +72,14 @@ def _paged_kernel(
 def paged_attention_jax(q, k_pages, v_pages, lengths, page_indices, sm_scale: float):
     """Paged attention on jax arrays; see the module docstring for the layouts."""
     out_dtype = q.dtype
-    dtype = _pallas.compute_dtype(q.dtype)
+    dtype = mosaic.compute_dtype(q.dtype)
     q, k_pages, v_pages = q.astype(dtype), k_pages.astype(dtype), v_pages.astype(dtype)
     batch, heads, head_dim = q.shape
     kv_heads, total_pages, page_size, _ = k_pages.shape
     pages_per_sequence = page_indices.shape[1]
     group = heads // kv_heads
-    rows = _pallas.round_up(group, _pallas.sublanes(dtype))
-    d = _pallas.lane_dim(head_dim)
+    rows = mosaic.round_up(group, mosaic.sublanes(dtype))
+    d = mosaic.lane_dim(head_dim)
     if page_size > LANES and page_size % LANES:
         raise ValueError(f"paged_attention: a page of {page_size} tokens must be at most {LANES} or a multiple of it")
     qg = _pallas.pad_to(_pallas.pad_to(q.reshape(batch, kv_heads, group, head_dim), 2, rows), 3, d)

@@ -1,12 +1,14 @@
 """torch.nn.functional.scaled_dot_product_attention on tpu tensors: one fused attention op where
 the arguments allow, the math path (XLA ops) elsewhere.
 
-The fused op is the Pallas flash kernel on TPU. Elsewhere, where Pallas only interprets, it is
-kernels/attention_math.py's one-op XLA attention, unless TORCH_TPU_PALLAS_ON_CPU=1 asks for the
-interpreted kernel (for testing kernels). SDPA never fails because of the kernel: arguments it
-cannot take go to the XLA attention, and a kernel that fails to compile for a signature (Mosaic,
-VMEM) sends that signature to the XLA attention from then on, counted ("sdpa_kernel_failures")
-and logged.
+Which fused op is a platform rule (ops/registry.py), the portable rules and TPU's side by side at
+the bottom of this file. On TPU the fused op is the Pallas flash kernel, in eager calls and in
+compiled graphs. Everywhere else Pallas only interprets, and the portable rules run
+kernels/attention_math.py's one-op XLA attention; TORCH_TPU_PALLAS_ON_CPU=1 gives such a platform
+TPU's rules, the kernel interpreted (for testing kernels; `platforms.lowering_platform()`). SDPA
+never fails because of the kernel: arguments it cannot take go to the XLA attention, and a kernel
+that fails to compile for a signature (Mosaic, VMEM) sends that signature to the XLA attention
+from then on, counted ("sdpa_kernel_failures") and logged.
 
 PyTorch's route for a PrivateUse1 backend: SDPA asks `_fused_sdp_choice` (forwarded to the op's
 tpu kernel by csrc/sdp_choice.cc); the "overrideable" answer makes it call
@@ -15,16 +17,17 @@ tpu kernel by csrc/sdp_choice.cc); the "overrideable" answer makes it call
 (TORCH_TPU_DEBUG=1: "sdpa: ...").
 
 The three entry points are registered through the one lowering table (`lower(..., eager=True)`),
-the fused op and its backward with a graph form: where the kernel compiles, a torch.compile'd
-graph holds the Pallas kernel too (attention is never materialized between forward and
-backward: the backward keeps only the output and the logsumexp). `torch_tpu.ops.install()`
-imports this module with the lowerings.
+TPU's fused op and its backward with a graph form: a torch.compile'd graph holds the Pallas
+kernel too (attention is never materialized between forward and backward: the backward keeps
+only the output and the logsumexp). Where the kernel only interprets, traced graphs keep the
+math decomposition (XLA fuses it). `torch_tpu.ops.install()` imports this module with the
+lowerings.
 """
 
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import torch
@@ -32,16 +35,11 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.nn.attention import SDPBackend
 
 from torch_tpu import debug, metrics
-from torch_tpu.kernels import _pallas, attention_math, flash
+from torch_tpu.kernels import attention_math, flash
 from torch_tpu.ops.registry import aten, lower
 
 _MATH = int(SDPBackend.MATH.value)
 _OVERRIDEABLE = int(SDPBackend.OVERRIDEABLE.value)
-
-
-def _pallas_flash() -> bool:
-    """True where the fused path is the Pallas kernel, False where it is the one-op XLA attention."""
-    return _pallas.compiled() or os.environ.get("TORCH_TPU_PALLAS_ON_CPU") == "1"
 
 
 # Signatures whose kernel failed to compile: they take the XLA attention from then on.
@@ -67,8 +65,9 @@ def _with_fallback(which: str, kernel, xla, tensors: tuple, args: tuple, causal:
     return xla(*args)
 
 
-def _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
-    """None if the flash kernel takes these arguments, else the reason it does not."""
+def _why_not_fused(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, kernel: bool) -> str | None:
+    """None if the fused op takes these arguments (`kernel`: it is the flash kernel, else the XLA
+    attention), else the reason it does not."""
     if not (torch._C._get_flash_sdp_enabled() or torch._C._get_overrideable_sdp_enabled()):
         return "flash/overrideable SDPA disabled (sdpa_kernel)"
     if attn_mask is not None:
@@ -77,7 +76,7 @@ def _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gq
         return f"dropout_p={dropout_p}"
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return "inputs are not 4-D (batch, heads, seq, head_dim)"
-    if any(is_fake(t) for t in (query, key, value)) and not _pallas_flash():
+    if any(is_fake(t) for t in (query, key, value)) and not kernel:
         # Where the kernel only interprets, traced graphs keep the math decomposition (XLA fuses it).
         return "traced by torch.compile"
     if query.shape[1] != key.shape[1] and not enable_gqa:
@@ -89,24 +88,26 @@ def _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gq
     return None
 
 
-@lower(aten._fused_sdp_choice.default, eager=True)
-def _fused_sdp_choice(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
-):
-    reason = _why_not_flash(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-    if reason is None:
-        pallas = _pallas_flash()
-        kind = "flash attention" if pallas else "fused XLA attention (Pallas would only interpret here)"
-        metrics.bump("sdpa_flash" if pallas else "sdpa_xla")
+def _choice_rule(kernel: bool) -> Callable:
+    """`_fused_sdp_choice` where the fused op is the flash kernel (`kernel`) or the XLA attention:
+    the fused op where it takes the arguments, else the math path."""
+
+    def choose(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+        reason = _why_not_fused(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, kernel)
+        if reason is None:
+            kind = "flash attention" if kernel else "fused XLA attention (Pallas would only interpret here)"
+            metrics.bump("sdpa_flash" if kernel else "sdpa_xla")
+            if debug.enabled():
+                debug.log("sdpa", f"{kind} for query {tuple(query.shape)} key {tuple(key.shape)} {query.dtype}")
+            return _OVERRIDEABLE
+        if not torch._C._get_math_sdp_enabled():
+            raise RuntimeError(f"No viable backend for scaled_dot_product_attention was found (flash: {reason}).")
+        metrics.bump("sdpa_math")
         if debug.enabled():
-            debug.log("sdpa", f"{kind} for query {tuple(query.shape)} key {tuple(key.shape)} {query.dtype}")
-        return _OVERRIDEABLE
-    if not torch._C._get_math_sdp_enabled():
-        raise RuntimeError(f"No viable backend for scaled_dot_product_attention was found (flash: {reason}).")
-    metrics.bump("sdpa_math")
-    if debug.enabled():
-        debug.log("sdpa", f"math path: {reason}")
-    return _MATH
+            debug.log("sdpa", f"math path: {reason}")
+        return _MATH
+
+    return choose
 
 
 def _scale(query, scale):
@@ -132,58 +133,87 @@ def _graph_backward(
     return dq, dk, dv, None
 
 
-@lower(aten._scaled_dot_product_fused_attention_overrideable.default, eager=True, graph=_graph_forward)
-def _overrideable_forward(
-    query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
-):
-    if attn_bias is not None or dropout_p > 0.0:
-        raise RuntimeError("torch_tpu's fused SDPA takes neither attn_bias nor dropout")
-    bucketed = attention_math.bucketed_forward(query, key, value, bool(is_causal), _scale(query, scale))
-    if bucketed is not None:  # over a growing KV cache
-        out, lse = bucketed
-    elif _pallas_flash():
-        args = (query, key, value, bool(is_causal), _scale(query, scale))
-        out, lse = _with_fallback(
-            "forward", flash.forward_op, attention_math.forward_op, (query, key, value), args, bool(is_causal)
-        )
-    else:
-        out, lse = attention_math.forward_op(query, key, value, bool(is_causal), _scale(query, scale))
-    empty = torch.empty(0, dtype=torch.int32, device=query.device)
-    seed = torch.empty((), dtype=torch.int64, device=query.device)
-    return out, lse, empty, empty, query.shape[2], key.shape[2], seed, seed, empty
+def _xla_attention(query, key, value, causal: bool, sm_scale: float):
+    return attention_math.forward_op(query, key, value, causal, sm_scale)
 
 
-@lower(
-    aten._scaled_dot_product_fused_attention_overrideable_backward.default,
-    eager=True,
-    graph=lambda *args, scale=None: _graph_backward(*args[:8], is_causal=args[13], scale=scale),
-)
-def _overrideable_backward(
-    grad_out,
-    query,
-    key,
-    value,
-    attn_bias,
-    grad_input_mask,
-    out,
-    logsumexp,
-    cum_seq_q,
-    cum_seq_k,
-    max_q,
-    max_k,
-    dropout_p,
-    is_causal,
-    philox_seed,
-    philox_offset,
-    *,
-    scale=None,
-):
-    args = (grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale))
-    if _pallas_flash():
-        tensors = (query, key, value)
-        dq, dk, dv = _with_fallback(
-            "backward", flash.backward_op, attention_math.backward_op, tensors, args, bool(is_causal)
-        )
-    else:
-        dq, dk, dv = attention_math.backward_op(*args)
-    return dq, dk, dv, None
+def _flash_attention(query, key, value, causal: bool, sm_scale: float):
+    """The flash kernel, or the XLA attention for a signature it cannot compile."""
+    args = (query, key, value, causal, sm_scale)
+    return _with_fallback("forward", flash.forward_op, attention_math.forward_op, (query, key, value), args, causal)
+
+
+def _xla_gradients(grad_out, query, key, value, out, logsumexp, causal: bool, sm_scale: float):
+    return attention_math.backward_op(grad_out, query, key, value, out, logsumexp, causal, sm_scale)
+
+
+def _flash_gradients(grad_out, query, key, value, out, logsumexp, causal: bool, sm_scale: float):
+    """The flash kernel's backward, or the XLA attention's for a signature it cannot compile."""
+    args = (grad_out, query, key, value, out, logsumexp, causal, sm_scale)
+    return _with_fallback("backward", flash.backward_op, attention_math.backward_op, (query, key, value), args, causal)
+
+
+def _forward_rule(attend: Callable) -> Callable:
+    """The fused forward, attending with `attend(query, key, value, causal, sm_scale)` except over a
+    growing KV cache (attention_math.bucketed_forward)."""
+
+    def forward(
+        query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
+    ):
+        if attn_bias is not None or dropout_p > 0.0:
+            raise RuntimeError("torch_tpu's fused SDPA takes neither attn_bias nor dropout")
+        causal, sm_scale = bool(is_causal), _scale(query, scale)
+        bucketed = attention_math.bucketed_forward(query, key, value, causal, sm_scale)
+        out, lse = bucketed if bucketed is not None else attend(query, key, value, causal, sm_scale)
+        empty = torch.empty(0, dtype=torch.int32, device=query.device)
+        seed = torch.empty((), dtype=torch.int64, device=query.device)
+        return out, lse, empty, empty, query.shape[2], key.shape[2], seed, seed, empty
+
+    return forward
+
+
+def _backward_rule(gradients: Callable) -> Callable:
+    """The fused backward, with `gradients(grad_out, query, key, value, out, logsumexp, causal,
+    sm_scale)` -> (dq, dk, dv)."""
+
+    def backward(
+        grad_out,
+        query,
+        key,
+        value,
+        attn_bias,
+        grad_input_mask,
+        out,
+        logsumexp,
+        cum_seq_q,
+        cum_seq_k,
+        max_q,
+        max_k,
+        dropout_p,
+        is_causal,
+        philox_seed,
+        philox_offset,
+        *,
+        scale=None,
+    ):
+        dq, dk, dv = gradients(grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale))
+        return dq, dk, dv, None
+
+    return backward
+
+
+def _graph_backward_call(*args, scale=None):
+    """The fused backward op's graph form (its schema's arguments) as _graph_backward takes them."""
+    return _graph_backward(*args[:8], is_causal=args[13], scale=scale)
+
+
+# The portable rules, where Pallas only interprets (the fused op is one XLA attention op), and
+# TPU's beside them (the flash kernel, in eager calls and compiled graphs).
+_FUSED = aten._scaled_dot_product_fused_attention_overrideable.default
+_FUSED_BACKWARD = aten._scaled_dot_product_fused_attention_overrideable_backward.default
+lower(aten._fused_sdp_choice.default, eager=True)(_choice_rule(kernel=False))
+lower(aten._fused_sdp_choice.default, eager=True, platform="tpu")(_choice_rule(kernel=True))
+lower(_FUSED, eager=True)(_forward_rule(_xla_attention))
+lower(_FUSED, eager=True, graph=_graph_forward, platform="tpu")(_forward_rule(_flash_attention))
+lower(_FUSED_BACKWARD, eager=True)(_backward_rule(_xla_gradients))
+lower(_FUSED_BACKWARD, eager=True, graph=_graph_backward_call, platform="tpu")(_backward_rule(_flash_gradients))

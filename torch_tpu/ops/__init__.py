@@ -7,10 +7,12 @@ import importlib
 import pkgutil
 
 import torch
+from torch._ops import OpOverload
 
 from torch_tpu import _C
-from torch_tpu.ops import checks, deferred_checks, dispatcher, fallback, host_tier, lowerings, registry, scalars
+from torch_tpu.ops import checks, deferred_checks, dispatcher, fallback, lowerings, registry, scalars
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.platforms.cpu import host_tier
 
 _libraries: list[torch.library.Library] = []
 
@@ -27,30 +29,37 @@ def install() -> None:
     deferred_checks.install()
     _C._set_scalar_hook(scalars.device_scalar)
     lib = torch.library.Library("aten", "IMPL")
+    registry.check_platform_rules()
     for key in registry.dispatch_keys():
         for op, lowering in registry.table(key).items():
             if lowering.graph_only or op.namespace != "aten":  # kernels/_custom_ops.py registers its own
                 continue
             if registry.is_composite_implicit(op):
                 raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower what it decomposes into")
-            dispatcher.register_kernel(lib, op, lowering, False, key)
+            dispatcher.register_kernel(lib, op, lowering, False, key, registry.platform_rules(op, key))
     table = registry.table()
     for op, lowering in table.items():
         if lowering.eager or lowering.graph_only or op.namespace != "aten":
             continue
         if any(a.alias_info is not None for a in op._schema.arguments):
             continue
+        rules = registry.platform_rules(op)  # the variants follow the op's rule on each platform
         inplace = registry.inplace_variant(op)
         if inplace is not None and inplace not in table:
-            checked = dataclasses.replace(lowering, check=checks.inplace_cast_check(inplace, lowering.check))
-            dispatcher.register_kernel(lib, inplace, checked, True, "PrivateUse1")
+            variants = {platform: _cast_checked(inplace, rule) for platform, rule in rules.items()}
+            dispatcher.register_kernel(lib, inplace, _cast_checked(inplace, lowering), True, "PrivateUse1", variants)
         out = registry.out_variant(op)
         if out is not None and out not in table:
-            dispatcher.register_kernel(lib, out, lowering, True, "PrivateUse1")
+            dispatcher.register_kernel(lib, out, lowering, True, "PrivateUse1", rules)
     _math_bit_fallthroughs(lib)
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
     _libraries.extend([lib, fallback_lib])
+
+
+def _cast_checked(inplace: OpOverload, rule: registry.Lowering) -> registry.Lowering:
+    """`rule` as the derived in-place variant `inplace` runs it: behind CPU's in-place cast check."""
+    return dataclasses.replace(rule, check=checks.inplace_cast_check(inplace, rule.check))
 
 
 def _math_bit_fallthroughs(lib: torch.library.Library) -> None:

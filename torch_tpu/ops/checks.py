@@ -17,10 +17,11 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 from torch_tpu import metrics
-from torch_tpu.ops import deferred_checks, host_tier
+from torch_tpu.ops import deferred_checks
 from torch_tpu.ops.dtypes import type_name
 from torch_tpu.ops.registry import Check, SignatureCheck
 from torch_tpu.ops.tensors import to_jax
+from torch_tpu.platforms.cpu import host_tier
 from torch_tpu.runtime import executable_cache
 from torch_tpu.runtime.global_arrays import host_value
 

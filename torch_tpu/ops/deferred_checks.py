@@ -10,11 +10,12 @@ own, and the verdicts are read at the next host read (`.item()`, `.cpu()`, print
 its op's CPU exception there, with a note naming the op. The op's own result is then
 meaningless, as on CPU where it never ran, and no value of it was seen.
 
-Deferred on every platform but the CPU client, where a host read costs nothing (its checks stay
-synchronous, exactly CPU's behaviour); TORCH_TPU_DEFERRED_CHECKS=1 or 0 decides elsewise. While
-ops are recorded lazily (`torch_tpu.eager_mode(False)`) checks are always deferred and their
-verdicts recorded with the ops: reading the indices would run the trace recorded so far, and
-split the step's fused executable at every embedding or loss.
+Deferred on every platform but the CPU client, where buffers are host memory and a host read
+costs nothing (`platforms.host_memory_buffers()`: its checks stay synchronous, exactly CPU's
+behaviour); TORCH_TPU_DEFERRED_CHECKS=1 or 0 decides elsewise. While ops are recorded lazily
+(`torch_tpu.eager_mode(False)`) checks are always deferred and their verdicts recorded with the
+ops: reading the indices would run the trace recorded so far, and split the step's fused
+executable at every embedding or loss.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu import metrics
+from torch_tpu import metrics, platforms
 from torch_tpu.ops import tensors
 from torch_tpu.runtime import client, executable_cache, global_arrays
 
@@ -45,7 +46,7 @@ def enabled() -> bool:
     setting = os.environ.get("TORCH_TPU_DEFERRED_CHECKS", "").strip()
     if setting:
         return setting not in ("0", "false", "no", "off")
-    return client.platform() != "cpu"
+    return not platforms.host_memory_buffers()
 
 
 def _verdict_rows(bounds, *arrays):

@@ -32,7 +32,8 @@ from jax import lax
 
 from torch_tpu import _C, metrics
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import host_tier, registry, spmd, tensors
+from torch_tpu.ops import registry, spmd, tensors
+from torch_tpu.platforms.cpu import host_tier
 from torch_tpu.runtime import executable_cache
 
 MIN_BUCKET = 16

@@ -9,6 +9,18 @@ values elsewhere; it returns jax arrays. Its in-place (`add_.Tensor`) and
 out= (`add.out`) variants are derived unless lowered explicitly. Every other
 property is a keyword of `lower` (the way jax's lax states a primitive's
 rules next to it): see `Lowering`, and docs/lowerings.md.
+
+A lowering that differs by platform is a rule for that platform beside the
+portable one, as jax registers `mlir.register_lowering(p, rule, platform="cpu")`:
+
+    @lower(aten.foo.default)
+    def foo(x): ...                       # every platform without its own rule
+
+    @lower(aten.foo.default, platform="tpu")
+    def foo_tpu(x): ...                   # TPU's
+
+`lowering(op, platform)` picks the rule; the eager dispatcher asks it per call and
+graph mode per node, for `torch_tpu.platforms.lowering_platform()`.
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ from torch._ops import OpOverload
 aten = torch.ops.aten
 
 PRIVATEUSE1 = "PrivateUse1"
+# The platforms a rule can be registered for: the clients torch_tpu runs on.
+PLATFORMS = ("tpu", "cuda", "cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +109,7 @@ class Lowering:
     # append (ops/growing.py), a transfer between devices. Not used by derived variants or graphs.
     front: FrontPath | None = None
     # Whether the host tier may run the op's CPU kernel while its executable compiles
-    # (ops/host_tier.py); False where the lowering's results differ from CPU's on purpose.
+    # (platforms/cpu/host_tier.py); False where the lowering's results differ from CPU's on purpose.
     host_tier: bool = True
     # Arguments whose memory the tensor an in-place or out= form writes must not share (CPU's
     # assert_no_overlap: cat's inputs, index_copy_'s index and source). The functional op skips it.
@@ -109,7 +123,9 @@ class Lowering:
         return self.graph
 
 
-_TABLES: dict[str, dict[OpOverload, Lowering]] = {PRIVATEUSE1: {}}
+_TABLES: dict[str, dict[OpOverload, Lowering]] = {PRIVATEUSE1: {}}  # the portable rules
+# dispatch key -> op -> platform -> that platform's rule
+_PLATFORM_RULES: dict[str, dict[OpOverload, dict[str, Lowering]]] = {}
 
 
 def lower(
@@ -125,9 +141,14 @@ def lower(
     front: FrontPath | None = None,
     host_tier: bool = True,
     apart_from: tuple[str, ...] = (),
+    platform: str | None = None,
 ) -> Callable:
     """Registers the decorated function as the lowering of `ops`, with the properties of `Lowering`.
-    `check` is a host check (a callable) or a `Check` with a host and a graph form."""
+    `check` is a host check (a callable) or a `Check` with a host and a graph form. `platform`
+    (one of PLATFORMS): the rule of that platform, beside the op's portable rule (None), which
+    every op has; both are jit lowerings or both eager."""
+    if platform is not None and platform not in PLATFORMS:
+        raise ValueError(f"platform={platform!r} is not one of {', '.join(PLATFORMS)}")
     host, graph_check = (check.host, check.graph) if isinstance(check, Check) else (check, None)
     if graph is not None and not eager:
         raise ValueError("graph= is the graph-mode function of an eager lowering")
@@ -155,17 +176,49 @@ def lower(
     def register(fn: Callable) -> Callable:
         table = _TABLES.setdefault(dispatch_key, {})
         for op in ops:
-            if op in table:
-                raise ValueError(f"{op} is lowered twice")
-            table[op] = Lowering(fn, **properties)
+            rules = table if platform is None else _PLATFORM_RULES.setdefault(dispatch_key, {}).setdefault(op, {})
+            slot = op if platform is None else platform
+            if slot in rules:
+                raise ValueError(f"{op} is lowered twice" + (f" for {platform}" if platform else ""))
+            rules[slot] = Lowering(fn, **properties)
         return fn
 
     return register
 
 
 def table(dispatch_key: str = PRIVATEUSE1) -> dict[OpOverload, Lowering]:
-    """The lowerings registered for `dispatch_key` (graph-only ones included)."""
+    """The portable lowerings registered for `dispatch_key` (graph-only ones included)."""
     return dict(_TABLES.get(dispatch_key, {}))
+
+
+def platform_rules(op: OpOverload, dispatch_key: str = PRIVATEUSE1) -> dict[str, Lowering]:
+    """`op`'s platform rules ({platform: rule}); {} for an op with its portable rule alone.
+    Raises if the rules and the portable rule are not all jit lowerings or all eager."""
+    rules = dict(_PLATFORM_RULES.get(dispatch_key, {}).get(op, {}))
+    portable = _TABLES.get(dispatch_key, {}).get(op)
+    if rules and portable is None:
+        raise ValueError(f"{op} has platform rules ({', '.join(rules)}) but no portable rule")
+    for platform, rule in rules.items():
+        if (rule.eager, rule.graph_only) != (portable.eager, portable.graph_only):
+            raise ValueError(f"{op}: its {platform} rule and its portable rule are of different kinds")
+    return rules
+
+
+def check_platform_rules() -> None:
+    """Raises for a platform rule without a portable rule beside it, or of another kind."""
+    for dispatch_key, ops in _PLATFORM_RULES.items():
+        for op in ops:
+            platform_rules(op, dispatch_key)
+
+
+def lowering(op: OpOverload, platform: str | None, dispatch_key: str = PRIVATEUSE1) -> Lowering | None:
+    """`op`'s rule on `platform`: that platform's rule where it has one, else the portable rule
+    (None: `op` is not lowered)."""
+    if platform is not None:
+        rule = _PLATFORM_RULES.get(dispatch_key, {}).get(op, {}).get(platform)
+        if rule is not None:
+            return rule
+    return _TABLES.get(dispatch_key, {}).get(op)
 
 
 def dispatch_keys() -> list[str]:

@@ -35,8 +35,9 @@ from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla
 from jax.experimental import serialize_executable
 
-from torch_tpu import debug, metrics
-from torch_tpu.runtime import background_compile, client, compile_worker, global_arrays, persistent_cache
+from torch_tpu import debug, metrics, platforms
+from torch_tpu.platforms.cpu import background_compile, compile_worker
+from torch_tpu.runtime import client, global_arrays, persistent_cache
 
 _ArrayImpl = ArrayImpl  # a concrete array (not a tracer)
 
@@ -205,22 +206,14 @@ class NotLoadable(RuntimeError):
 
 def prepare_custom_calls(targets: tuple[str, ...] | None) -> None:
     """Sets up what custom-call `targets` (None: unknown) need before an executable that was not
-    traced in this process runs them. jax does this while lowering (jax.export before running a
-    deserialized module): LAPACK's kernels on the CPU client are registered at import but read
-    their LAPACK functions only after `initialize_lapack()`; run before it, they crash the
-    process. GPU solvers' hybrid kernels likewise. A host callback is this process's own Python
-    function: NotLoadable."""
+    traced in this process runs them, as jax does while lowering (the platform's own kernels:
+    platforms.prepare_custom_calls). A host callback is this process's own Python function:
+    NotLoadable."""
     if targets is not None and any("callback" in t for t in targets):
         raise NotLoadable(f"the executable calls back into the process that compiled it ({targets})")
     if targets is not None and not targets:
         return
-    from jax._src.lax import linalg
-
-    platform = client.platform()
-    if platform == "cpu" and (targets is None or any(t.startswith("lapack_") for t in targets)):
-        linalg.initialize_lapack()
-    elif platform in ("cuda", "rocm") and (targets is None or any("hybrid" in t for t in targets)):
-        linalg.gpu_solver.initialize_hybrid_kernels()
+    platforms.prepare_custom_calls(targets)
 
 
 def save(key: str | None, compiled, meta: Any = None) -> None:
@@ -272,18 +265,6 @@ def direct_call(compiled) -> tuple[Callable, list] | None:
         return call.xla_executable.execute_sharded, list(call.out_handler.handlers)
     except AttributeError:  # another jax's internals: its own call only
         return None
-
-
-def op_compile_options() -> dict[str, Any] | None:
-    """XLA options for compiling one eager op.
-
-    On the CPU client a tiny op's compile is mostly LLVM codegen: one module instead of parallel
-    splits cuts it, and the classic elemental emitters compile a small fusion in about half the
-    time of the MLIR fusion emitters. (LLVM -O0 would cut more, but changes bfloat16 rounding
-    against CPU's.) Other platforms, and TORCH_TPU_FAST_OP_COMPILE=0, keep XLA's defaults."""
-    if client.platform() != "cpu" or os.environ.get("TORCH_TPU_FAST_OP_COMPILE") == "0":
-        return None
-    return {"xla_cpu_parallel_codegen_split_count": 1, "xla_cpu_use_fusion_emitters": False}
 
 
 class LazyJit:
@@ -409,7 +390,7 @@ class Jit:
     def ready(self, *args, **kwargs) -> bool:
         """Whether the executable for these arguments (arrays or jax.ShapeDtypeStruct) is at hand:
         in memory, or loaded now from the persistent cache. If not, it starts compiling in the
-        background (runtime/background_compile.py), and a later call says True once it is done
+        background (platforms/cpu/background_compile.py), and a later call says True once it is done
         (or failed: the call then compiles it and raises what it raises)."""
         return self._ready(self._signature(args, kwargs)[0], args, kwargs)
 
@@ -487,7 +468,7 @@ class Jit:
         found = load(key) if loaded else None
         if found is not None:
             return found[0]
-        compiled = self._jitted.lower(*args, **kwargs).compile(compiler_options=op_compile_options())
+        compiled = self._jitted.lower(*args, **kwargs).compile(compiler_options=platforms.op_compile_options())
         save(key, compiled)
         return compiled
 

@@ -6,21 +6,22 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from torch_tpu import platforms
 from torch_tpu.runtime import client
 
-# Whether programs wait for the previous ones: the CPU client with more than one process.
+# Whether programs wait for the previous ones (platforms.serializes_programs).
 # None: not decided yet (decided on first use, after jax.distributed.initialize if any).
 serialize_programs: bool | None = None
 
 
 def before_program() -> None:
-    """Called before each eager op on sharded tensors and each compiled segment. On the CPU
-    client across processes, the previous programs finish first: XLA:CPU's cross-process (gloo)
-    collectives deadlock when two multi-device programs are in flight at once (seen with 2
-    processes x 4 devices). On TPU programs stay queued asynchronously."""
+    """Called before each eager op on sharded tensors and each compiled segment: where the
+    platform serializes programs (the CPU client across processes: its gloo collectives deadlock
+    when two multi-device programs are in flight at once, seen with 2 processes x 4 devices), the
+    previous programs finish first. On TPU programs stay queued asynchronously."""
     global serialize_programs
     if serialize_programs is None:
-        serialize_programs = client.platform() == "cpu" and jax.process_count(client.platform()) > 1
+        serialize_programs = platforms.serializes_programs()
     if serialize_programs:
         client.synchronize()
 

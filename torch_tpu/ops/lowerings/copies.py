@@ -7,10 +7,11 @@ import torch
 
 from torch_tpu import _C, metrics
 from torch_tpu.device import memory
-from torch_tpu.ops import host_tier, storage_locks, tensors
+from torch_tpu.ops import storage_locks, tensors
 from torch_tpu.ops.dtypes import to_numpy_dtype, to_torch_dtype
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import reshape, to_jax, write_jax
+from torch_tpu.platforms.cpu import host_tier
 from torch_tpu.runtime import client
 from torch_tpu.runtime.global_arrays import host_value
 

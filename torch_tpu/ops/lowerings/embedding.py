@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from torch_tpu.ops import host_tier
 from torch_tpu.ops.checks import Failure, check_ranges, first_outside, to_host
 from torch_tpu.ops.dtypes import to_opmath, type_name
 from torch_tpu.ops.registry import Check, aten, lower
 from torch_tpu.ops.tensors import to_jax
+from torch_tpu.platforms.cpu import host_tier
 
 # ---- embedding --------------------------------------------------------------
 

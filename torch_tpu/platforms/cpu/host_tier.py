@@ -2,7 +2,7 @@
 
 A first-seen op signature would otherwise wait for XLA (tens to hundreds of milliseconds per
 signature on the CPU client) before it runs. Instead the dispatcher hands the compile to
-runtime/background_compile.py and runs the call here: the tensors' buffers are read as CPU
+platforms/cpu/background_compile.py and runs the call here: the tensors' buffers are read as CPU
 tensors through their geometry, the op runs on the CPU, and its results become tpu tensors
 again. Calls of that signature keep running on the host (in C++, csrc/eager_kernel.cc, for the
 ops it serves) until the executable is ready; then they run it. CPU's kernel is PyTorch's
@@ -26,10 +26,11 @@ import jax
 import torch
 from jax._src.lib import _jax
 
-from torch_tpu import _C, metrics
+from torch_tpu import _C, metrics, platforms
 from torch_tpu.device import memory
 from torch_tpu.ops import spmd, tensors
-from torch_tpu.runtime import background_compile, client
+from torch_tpu.platforms.cpu import background_compile
+from torch_tpu.runtime import client
 
 _CPU = torch.device("cpu")
 
@@ -57,7 +58,7 @@ def _to_dlpack(array):
 def available() -> bool:
     """Whether first-seen signatures run here while they compile (the CPU client, and
     TORCH_TPU_ASYNC_COMPILE not off)."""
-    return client.platform() == "cpu" and background_compile.enabled()
+    return platforms.host_memory_buffers() and background_compile.enabled()
 
 
 def readable(t: torch.Tensor) -> bool:
@@ -69,7 +70,9 @@ def view(t: torch.Tensor, writable: bool = False) -> torch.Tensor | None:
     """A CPU view of a tpu tensor's value where its buffer is host memory (the CPU client, one
     device per buffer, no math bits), else None: reading it, or writing it (`writable`: the
     writes are its storage's new value), compiles nothing, whatever its geometry."""
-    if client.platform() != "cpu" or spmd.layer is not None or tensors.lazy is not None or not _C._host_readable(t):
+    if not platforms.host_memory_buffers() or spmd.layer is not None or tensors.lazy is not None:
+        return None
+    if not _C._host_readable(t):
         return None
     for hook in client.before_host_read:  # a host read, like host_value's
         hook()

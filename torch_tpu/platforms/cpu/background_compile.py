@@ -1,7 +1,7 @@
 """Compiles executables in the background, hottest first.
 
 A first-seen eager op signature need not wait for XLA: its call runs on the host
-(ops/host_tier.py) while its executable compiles here, and the calls after the compile
+(host_tier.py) while its executable compiles here, and the calls after the compile
 finished run the executable. Each call waiting for a pending job counts (`called`), and
 the pending job with the most calls compiles next (ties: the oldest), so what a program
 runs every step compiles before what it ran once.
@@ -36,7 +36,8 @@ from typing import Any
 import jax
 
 from torch_tpu import metrics
-from torch_tpu.runtime import client, compile_worker, persistent_cache
+from torch_tpu.platforms.cpu import compile_worker
+from torch_tpu.runtime import client, persistent_cache
 
 _cond = threading.Condition()
 _pending: list[Job] = []  # submitted, not started

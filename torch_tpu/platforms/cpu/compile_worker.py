@@ -119,7 +119,7 @@ class Worker:
         package_root = os.path.dirname(os.path.dirname(torch_tpu.__file__))  # this torch_tpu, from any cwd
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "torch_tpu.runtime.compile_worker"],
+            [sys.executable, "-m", "torch_tpu.platforms.cpu.compile_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -182,7 +182,7 @@ def _serve() -> None:
     except OSError:
         pass
     import torch_tpu  # noqa: F401  (registers the lowerings and the handlers)
-    from torch_tpu.runtime.compile_worker import _handlers as handlers  # (this file ran as __main__)
+    from torch_tpu.platforms.cpu.compile_worker import _handlers as handlers  # (this file ran as __main__)
 
     _send(replies, "ready")
     while True:

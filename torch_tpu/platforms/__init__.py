@@ -1,0 +1,96 @@
+"""The platform boundary: the one package that decides by which PJRT client tpu tensors run on.
+
+ops/, compile/ and kernels/ never test the client. They ask the questions below, each named for
+what differs, and a lowering that differs by platform is registered as a rule for that platform
+beside the portable one (`lower(op, platform="tpu")`, ops/registry.py). The machinery only one
+platform has lives in its subpackage:
+
+- cpu/: the XLA CPU client, where a buffer is host memory: the host tier (host_tier.py), the
+  background compiles it waits on (background_compile.py), the compile worker process
+  (compile_worker.py), the fast op-compile flags (compile_options.py).
+- tpu/: Mosaic's block rules for Pallas kernels (mosaic.py), libtpu's runtime metrics
+  (monitoring.py).
+
+Named `platforms`, not `platform`: `torch_tpu.platform()` is the public function naming the
+client. See docs/architecture.md, "The platform boundary".
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+from torch_tpu.runtime import client
+
+
+def name() -> str:
+    """ "tpu", "cuda" or "cpu": the client tpu tensors run on (what `torch_tpu.platform()` says)."""
+    return client.platform()
+
+
+def host_memory_buffers() -> bool:
+    """Whether a tpu tensor's buffer is host memory (the CPU client): a host read is a view that
+    waits for no device, so the host tier can run CPU kernels on buffers and index checks read
+    their indices at once instead of deferring the read (ops/deferred_checks.py)."""
+    return name() == "cpu"
+
+
+def kernels_compile() -> bool:
+    """Whether Pallas kernels compile with Mosaic (TPU); elsewhere Pallas interprets them, an
+    emulator for testing (kernels/_pallas.py)."""
+    return name() == "tpu"
+
+
+def lowering_platform() -> str:
+    """The platform whose lowering rules apply (`lower(op, platform=...)`): the client's, except
+    that TORCH_TPU_PALLAS_ON_CPU=1 gives a client without Mosaic TPU's rules, its Pallas kernels
+    then interpreted (for testing kernels)."""
+    platform = name()
+    if platform != "tpu" and os.environ.get("TORCH_TPU_PALLAS_ON_CPU") == "1":
+        return "tpu"
+    return platform
+
+
+def op_compile_options() -> dict[str, Any] | None:
+    """XLA options for compiling one eager op: the CPU client's fast compile flags
+    (cpu/compile_options.py); None (XLA's defaults) elsewhere."""
+    if name() != "cpu":
+        return None
+    from torch_tpu.platforms.cpu import compile_options
+
+    return compile_options.op_compile_options()
+
+
+def autotune_flags() -> dict[str, Any]:
+    """XLA flags of torch.compile's max-autotune modes: GPU's autotuner at its highest level; TPU
+    and the CPU client have no autotuner flag. {} where no client could be created."""
+    try:
+        platform = name()
+    except RuntimeError:
+        return {}
+    return {"xla_gpu_autotune_level": 4} if platform == "cuda" else {}
+
+
+def serializes_programs() -> bool:
+    """Whether each program waits for the ones before it: the CPU client across processes, whose
+    cross-process (gloo) collectives deadlock when two multi-device programs are in flight at
+    once. TPU programs stay queued asynchronously."""
+    platform = name()
+    return platform == "cpu" and jax.process_count(platform) > 1
+
+
+def prepare_custom_calls(targets: tuple[str, ...] | None) -> None:
+    """Sets up the platform's own kernels that custom-call `targets` (None: unknown) use, before an
+    executable traced in another process runs them. jax does this while lowering: LAPACK's kernels
+    on the CPU client are registered at import but read their LAPACK functions only after
+    `initialize_lapack()` (run before it, they crash the process); GPU solvers' hybrid kernels
+    likewise."""
+    from jax._src.lax import linalg
+
+    platform = name()
+    if platform == "cpu" and (targets is None or any(t.startswith("lapack_") for t in targets)):
+        linalg.initialize_lapack()
+    elif platform in ("cuda", "rocm") and (targets is None or any("hybrid" in t for t in targets)):
+        linalg.gpu_solver.initialize_hybrid_kernels()
