@@ -333,12 +333,21 @@ def test_store_cleans_temporaries_of_dead_writers(tmp_path):
 
 def test_store_evicts_least_recently_used_past_its_cap(tmp_path):
     store = Store(tmp_path, max_bytes=50_000)
+
+    def path(key):
+        return tmp_path / persistent_cache.file_name(key)
+
     for i in range(4):
         store.put(f"k{i}", os.urandom(10_000))
-        os.utime(tmp_path / persistent_cache.file_name(f"k{i}"), (1000 + i, 1000 + i))
-    assert store.get("k0") is not None  # touched: now the most recently used
+        os.utime(path(f"k{i}"), (1000 + i, 1000 + i))
+    assert store.get("k0") is not None
+    assert path("k0").stat().st_mtime > 1003  # touched: now the most recently used
+    # Times set by hand from here: files written within one tick of the file system's clock would
+    # tie, and eviction (down to 80% of the cap) would pick among them by name.
+    os.utime(path("k0"), (3000, 3000))
     for i in range(4, 7):
         store.put(f"k{i}", os.urandom(10_000))
+        os.utime(path(f"k{i}"), (2000 + i, 2000 + i))
     assert store.summary()[1] <= 50_000
     assert store.get("k0") is not None
     assert store.get("k1") is None
