@@ -21,7 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from torch_tpu import platforms
-from torch_tpu.platforms.tpu.mosaic import LANES, compiler_params
+from torch_tpu.platforms.tpu.mosaic import LANES, compiler_params, compute_dtype
 
 # A finite "minus infinity": masked scores stay NaN-free even when a whole row is masked.
 NEG_INF = -1e30
@@ -104,6 +104,12 @@ def pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, extra)
     return jnp.pad(x, widths, constant_values=value)
+
+
+def as_computed(*xs: jax.Array) -> tuple[jax.Array, ...]:
+    """`xs` in the dtype the kernel computes in (mosaic.compute_dtype of the first)."""
+    dtype = compute_dtype(xs[0].dtype)
+    return tuple(x.astype(dtype) for x in xs)
 
 
 def dot_precision(*operands) -> lax.Precision:

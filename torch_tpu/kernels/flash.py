@@ -47,17 +47,24 @@ def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
     return lax.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _valid(q_block, kv_block, block_q: int, block_k: int, kv_len: int, kv_pad: int, causal: bool):
+def _valid(q_block, kv_block, p, causal: bool):
     """The (block_q, block_k) mask of scores to keep, or None where every score is kept."""
-    valid = None
-    if kv_pad != kv_len:
-        cols = kv_block * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
-        valid = cols < kv_len
+    shape = (p.block_q, p.block_k)
+    cols = kv_block * p.block_k + lax.broadcasted_iota(jnp.int32, shape, 1)
+    valid = cols < p.kv_len if p.kv_pad != p.kv_len else None
     if causal:
-        rows = q_block * block_q + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
-        cols = kv_block * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+        rows = q_block * p.block_q + lax.broadcasted_iota(jnp.int32, shape, 0)
         valid = cols <= rows if valid is None else valid & (cols <= rows)
     return valid
+
+
+def _for_visible_blocks(step, i, j, p, causal: bool) -> None:
+    """Runs kernel body `step` for query block i and key block j, unless causal masks every key of
+    the pair (the key block lies wholly after the query block)."""
+    if causal:
+        pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(step)
+    else:
+        step()
 
 
 def _last_kv_block(q_block, block_q: int, block_k: int, num_kv_blocks: int):
@@ -84,7 +91,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, s
 
     def _step():
         s = _dot_t(q_ref[...], k_ref[...], p.precision) * sm_scale
-        valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
+        valid = _valid(i, j, p, causal)
         if valid is not None:
             s = jnp.where(valid, s, NEG_INF)
         m_prev, l_prev = m_scr[...], l_scr[...]
@@ -98,10 +105,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, s
         v = v_ref[...]
         acc_scr[...] = acc_scr[...] * _pallas.to_lanes(alpha, p.dv) + _dot(probs.astype(v.dtype), v, p.precision)
 
-    if causal:
-        pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
-    else:
-        _step()
+    _for_visible_blocks(_step, i, j, p, causal)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -129,14 +133,11 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_scr, 
 
     def _step():
         k = k_ref[...]
-        valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
+        valid = _valid(i, j, p, causal)
         _, ds = _probs_and_ds(q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...], delta_ref[...], valid, sm_scale, p)
         dq_scr[...] += _dot(ds.astype(k.dtype), k, p.precision)
 
-    if causal:
-        pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
-    else:
-        _step()
+    _for_visible_blocks(_step, i, j, p, causal)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -157,15 +158,12 @@ def _dkv_kernel(
 
     def _step():
         q, do = q_ref[...], do_ref[...]
-        valid = _valid(i, j, p.block_q, p.block_k, p.kv_len, p.kv_pad, causal)
+        valid = _valid(i, j, p, causal)
         probs, ds = _probs_and_ds(q, k_ref[...], v_ref[...], do, lse_ref[...], delta_ref[...], valid, sm_scale, p)
         dv_scr[...] += _dot(probs.T.astype(do.dtype), do, p.precision)
         dk_scr[...] += _dot(ds.T.astype(q.dtype), q, p.precision)
 
-    if causal:
-        pl.when(j * p.block_k <= (i + 1) * p.block_q - 1)(_step)
-    else:
-        _step()
+    _for_visible_blocks(_step, i, j, p, causal)
 
     @pl.when(t == pl.num_programs(3) - 1)
     def _finish():
@@ -216,15 +214,10 @@ def _scratch(rows: int, width: int):
     return pltpu.VMEM((rows, width), jnp.float32)
 
 
-def _as_computed(*xs):
-    dtype = mosaic.compute_dtype(xs[0].dtype)
-    return tuple(x.astype(dtype) for x in xs)
-
-
 def flash_attention_forward(q, k, v, causal: bool, sm_scale: float):
     """(out, logsumexp) for q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv); logsumexp is float32 (B, H, L)."""
     out_dtype = q.dtype
-    q, k, v = _as_computed(q, k, v)
+    q, k, v = _pallas.as_computed(q, k, v)
     p = _Blocks(q.shape, k.shape, v.shape, q.dtype, _pallas.dot_precision(q, k, v))
     group = p.group
     q_spec = pl.BlockSpec((None, None, p.block_q, p.d), lambda b, h, i, j: (b, h, i, 0))
@@ -256,7 +249,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: fl
     """(dq, dk, dv) of flash_attention_forward, recomputing the probabilities from `lse`."""
     dtypes = (q.dtype, k.dtype, v.dtype)
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    q, k, v, dout = _as_computed(q, k, v, dout)
+    q, k, v, dout = _pallas.as_computed(q, k, v, dout)
     p = _Blocks(q.shape, k.shape, v.shape, q.dtype, _pallas.dot_precision(q, k, v))
     qp, kp, vp, dop = p.q(q, p.d), p.kv(k, p.d), p.kv(v, p.dv), p.q(dout, p.dv)
     lsep = _pallas.across_lanes(_pallas.pad_to(lse.astype(jnp.float32), 2, p.q_pad))

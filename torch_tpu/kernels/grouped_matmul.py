@@ -122,15 +122,10 @@ def _tgmm_kernel(tile_ref, group_ref, offsets_ref, count_ref, lhs_ref, grad_ref,
         out_ref[...] = acc_scr[...].astype(out_ref.dtype)
 
 
-def _as_computed(*xs):
-    dtype = mosaic.compute_dtype(xs[0].dtype)
-    return tuple(x.astype(dtype) for x in xs)
-
-
 def gmm_jax(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """The grouped matmul on jax arrays: [m, k] x [groups, k, n] -> [m, n]."""
     out_dtype = lhs.dtype
-    lhs, rhs = _as_computed(lhs, rhs)
+    lhs, rhs = _pallas.as_computed(lhs, rhs)
     (m, k), (groups, _, n) = lhs.shape, rhs.shape
     t = _Tiles(m, k, n, groups, lhs.dtype, _pallas.dot_precision(lhs, rhs))
     tile, group, offsets, count = _visits(group_sizes, t)
@@ -159,7 +154,7 @@ def gmm_jax(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array
 def tgmm_jax(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """Per group lhs_g.T @ grad_g on jax arrays: [m, k], [m, n] -> [groups, k, n]."""
     out_dtype = lhs.dtype
-    lhs, grad = _as_computed(lhs, grad.astype(lhs.dtype))
+    lhs, grad = _pallas.as_computed(lhs, grad.astype(lhs.dtype))
     (m, k), n, groups = lhs.shape, grad.shape[1], group_sizes.shape[0]
     t = _Tiles(m, k, n, groups, lhs.dtype, _pallas.dot_precision(lhs, grad))
     tile, group, offsets, count = _visits(group_sizes, t)

@@ -72,8 +72,8 @@ def _paged_kernel(
 def paged_attention_jax(q, k_pages, v_pages, lengths, page_indices, sm_scale: float):
     """Paged attention on jax arrays; see the module docstring for the layouts."""
     out_dtype = q.dtype
-    dtype = mosaic.compute_dtype(q.dtype)
-    q, k_pages, v_pages = q.astype(dtype), k_pages.astype(dtype), v_pages.astype(dtype)
+    q, k_pages, v_pages = _pallas.as_computed(q, k_pages, v_pages)
+    dtype = q.dtype
     batch, heads, head_dim = q.shape
     kv_heads, total_pages, page_size, _ = k_pages.shape
     pages_per_sequence = page_indices.shape[1]
