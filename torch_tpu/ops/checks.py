@@ -47,35 +47,33 @@ def index_bounds(index: torch.Tensor) -> tuple[int, int]:
 
 
 def check_ranges(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]]) -> None:
-    """Raises `error(value)` for the first index outside [low, high): one sync, or (where checks
-    are deferred, ops/deferred_checks.py) none for tpu indices, whose verdict waits for the next
-    host read."""
+    """Raises `error(value)` for the first index outside [low, high): one sync for tpu indices, or
+    none where checks are deferred (ops/deferred_checks.py: the verdict waits for the next host
+    read)."""
     checks = [c for c in checks if c[0].numel() > 0 and not c[0].is_floating_point() and c[0].dtype != torch.bool]
-    if not checks:
-        return
     device = [c for c in checks if c[0].device.type != "cpu"]
     if device and deferred_checks.enabled():
-        deferred_checks.defer(device, "an index check of a queued tpu op")
-        checks = [c for c in checks if c[0].device.type == "cpu"]
-        device = []
-    bounds = {}
-    views = [host_tier.view(c[0]) for c in device]
-    if all(v is not None for v in views):  # host memory: read it where it is
-        bounds = {id(c): (v.min(), v.max()) for c, v in zip(device, views)}
-    elif device:
-        metrics.bump("executions")
-        values = to_host(_minmax(tuple(to_jax(c[0]) for c in device)))
-        bounds = {id(c): values[i] for i, c in enumerate(device)}
+        deferred_checks.check(deferred_checks.range_verdicts(device), [c[3] for c in device], _DEFERRED)
+        checks, device = [c for c in checks if c[0].device.type == "cpu"], []
+    values = {id(c): host_tier.view(c[0]) for c in device}  # host memory: read it where it is
+    rows = {}
+    if any(v is None for v in values.values()):
+        read = deferred_checks.read(deferred_checks.range_verdicts(device))
+        rows = {id(c): row for c, row in zip(device, read)}
     for c in checks:
         index, low, high, error = c
-        if index.device.type == "cpu":
-            lo, hi = int(index.min()), int(index.max())
-        else:
-            lo, hi = (int(v) for v in bounds[id(c)])
-        if lo < low or hi >= high:
-            flat = to_host(to_jax(index)).reshape(-1) if index.device.type != "cpu" else index.reshape(-1).numpy()
-            bad = (flat < low) | (flat >= high)
-            raise error(int(flat[int(np.argmax(bad))]))
+        if id(c) in rows:
+            failed, value = rows[id(c)]
+            if failed:
+                raise error(int(value))
+            continue
+        flat = values.get(id(c), index).reshape(-1)
+        outside = (flat < low) | (flat >= high)
+        if bool(outside.any()):
+            raise error(int(flat[int(outside.int().argmax())]))
+
+
+_DEFERRED = "an index check of a queued tpu op"
 
 
 class Failure(NamedTuple):
@@ -92,9 +90,8 @@ def first_outside(index, low: int, high: int, error: type[Exception], message: s
     index = jnp.asarray(index)
     if index.size == 0 or not jnp.issubdtype(index.dtype, jnp.integer):
         return []
-    flat = index.reshape(-1)
-    outside = (flat < low) | (flat >= high)
-    return [Failure(jnp.any(outside), flat[jnp.argmax(outside)].astype(jnp.int64), error, message)]
+    bad, value = deferred_checks.first_outside(index.reshape(-1), low, high)
+    return [Failure(bad, value.astype(jnp.int64), error, message)]
 
 
 def dim_size(self, dim: int) -> tuple[int, int] | None:

@@ -37,7 +37,7 @@ from torch_tpu.runtime import client, executable_cache, global_arrays
 MAX_PENDING = 256
 
 _lock = threading.Lock()
-_pending: list[tuple[jax.Array, list[tuple[Callable[[int], Exception], str]]]] = []
+_pending: list[tuple[jax.Array, list[Callable[[int], Exception]], str]] = []
 
 
 def enabled() -> bool:
@@ -49,17 +49,22 @@ def enabled() -> bool:
     return not platforms.host_memory_buffers()
 
 
-def _verdict_rows(bounds, *arrays):
+def first_outside(flat, low: int, high: int):
+    """(any element of the 1-D `flat` outside [low, high), the first such element), traced."""
+    outside = (flat < low) | (flat >= high)
+    return jnp.any(outside), flat[jnp.argmax(outside)]
+
+
+def _range_rows(bounds, *arrays):
     """(outside?, first offending value) per (index array, (low, high)): int64 [n, 2]."""
     rows = []
     for a, (low, high) in zip(arrays, bounds):
-        flat = a.reshape(-1)
-        outside = (flat < low) | (flat >= high)
-        rows.append(jnp.stack([jnp.any(outside).astype(jnp.int64), flat[jnp.argmax(outside)].astype(jnp.int64)]))
+        bad, value = first_outside(a.reshape(-1), low, high)
+        rows.append(jnp.stack([bad.astype(jnp.int64), value.astype(jnp.int64)]))
     return jnp.stack(rows)
 
 
-_verdicts = executable_cache.jit(_verdict_rows, static_argnums=0)
+_range_verdicts = executable_cache.jit(_range_rows, static_argnums=0)
 
 
 def verdicts(rows: Callable, jitted: Callable, static: tuple, args: tuple[torch.Tensor, ...]):
@@ -72,41 +77,61 @@ def verdicts(rows: Callable, jitted: Callable, static: tuple, args: tuple[torch.
     return jitted(*static, *(tensors.to_jax(t) for t in args))
 
 
-def defer(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]], what: str) -> None:
-    """Queues range checks of tpu index tensors (tensor, low, high, error for an offending
-    value); `what` says where the error comes from."""
+def range_verdicts(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]]):
+    """The verdict rows of range checks of tpu index tensors (tensor, low, high, error)."""
     bounds = tuple((int(c[1]), int(c[2])) for c in checks)
-    verdict = verdicts(_verdict_rows, _verdicts, (bounds,), tuple(c[0] for c in checks))
-    defer_verdicts(verdict, [c[3] for c in checks], what)
+    return verdicts(_range_rows, _range_verdicts, (bounds,), tuple(c[0] for c in checks))
+
+
+def read(verdicts) -> np.ndarray:
+    """Verdict rows on the host (a host read, counted)."""
+    metrics.bump("host_transfers")
+    return np.asarray(global_arrays.fetchable(verdicts))
+
+
+def check(verdicts, errors: list[Callable[[int], Exception]], what: str) -> None:
+    """Raises errors[i](value) for the first failed row (failed?, value) of `verdicts`: now (a host
+    read), or where checks are deferred at the next host read; `what` says where it comes from."""
+    if enabled():
+        defer_verdicts(verdicts, errors, what)
+    else:
+        _raise_first(read(verdicts), errors)
 
 
 def defer_verdicts(verdicts: jax.Array, errors: list[Callable[[int], Exception]], what: str) -> None:
     """Queues computed verdicts: int64 [n, 2] rows (failed?, value), row i raising errors[i](value)."""
     metrics.bump("deferred_checks")
     with _lock:
-        _pending.append((verdicts, [(error, what) for error in errors]))
+        _pending.append((verdicts, errors, what))
         full = len(_pending) > MAX_PENDING
     if full:
         raise_pending()
 
 
+def _raise_first(rows, errors: list[Callable[[int], Exception]], note: str | None = None) -> None:
+    for (failed, value), error in zip(rows, errors):
+        if failed:
+            failure = error(int(value))
+            if note is not None:
+                failure.args = (f"{failure.args[0]}\n{note}", *failure.args[1:]) if failure.args else (note,)
+            raise failure
+
+
 def raise_pending() -> None:
-    """Reads every queued verdict (a host read: it waits for them) and raises the first failure."""
+    """Reads every queued verdict (one host read: it waits for them) and raises the first failure."""
     if not _pending:
         return
     with _lock:
         taken = list(_pending)
         _pending.clear()
-    for verdict, errors in taken:
+    arrays = []
+    for verdict, _, _ in taken:
         if not isinstance(verdict, jax.Array):  # recorded lazily: run the trace it belongs to
             verdict = tensors.lazy.concrete([verdict])[0] if tensors.lazy is not None else verdict.value
-        values = np.asarray(global_arrays.fetchable(verdict))
-        for (outside, value), (error, what) in zip(values, errors):
-            if outside:
-                failure = error(int(value))
-                note = f"({what}: torch_tpu checks values on the device and reports at the next host read)"
-                failure.args = (f"{failure.args[0]}\n{note}", *failure.args[1:]) if failure.args else (note,)
-                raise failure
+        arrays.append(global_arrays.fetchable(verdict))
+    for rows, (_, errors, what) in zip(jax.device_get(arrays), taken):
+        note = f"({what}: torch_tpu checks values on the device and reports at the next host read)"
+        _raise_first(rows, errors, note)
 
 
 def install() -> None:

@@ -17,7 +17,6 @@ from torch_tpu.ops.lowerings.common import HIGHEST
 from torch_tpu.ops.registry import Check, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
 from torch_tpu.runtime import executable_cache
-from torch_tpu.runtime.global_arrays import host_value
 
 # at::Reduction
 _NONE, _MEAN, _SUM = 0, 1, 2
@@ -73,10 +72,16 @@ def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, to
     return jax.nn.one_hot(safe, self.shape[-1], dtype=scale.dtype) * scale[..., None]
 
 
-def _target_rows(classes: int, ignore_index: int, target):
-    """int64 [1, 2]: (a class target out of range?, the first one)."""
+def _first_bad_target(target, classes: int, ignore_index: int):
+    """(a class target out of range, other than ignore_index?, the first such target), traced."""
     bad = (((target < 0) | (target >= classes)) & (target != ignore_index)).reshape(-1)
-    return jnp.stack([jnp.any(bad).astype(jnp.int64), target.reshape(-1)[jnp.argmax(bad)].astype(jnp.int64)])[None]
+    return jnp.any(bad), target.reshape(-1)[jnp.argmax(bad)].astype(jnp.int64)
+
+
+def _target_rows(classes: int, ignore_index: int, target):
+    """The host check's verdict: int64 [1, 2] (out of range?, the first such target)."""
+    bad, value = _first_bad_target(target, classes, ignore_index)
+    return jnp.stack([bad.astype(jnp.int64), value])[None]
 
 
 _target_verdict = executable_cache.jit(_target_rows, static_argnums=(0, 1))
@@ -107,13 +112,7 @@ def _check_targets_host(self, target, weight, reduction, ignore_index):
     static = (int(classes), int(ignore_index))
     verdict = deferred_checks.verdicts(_target_rows, _target_verdict, static, (target,))
     error = lambda value: IndexError(f"Target {value} is out of bounds.")
-    if deferred_checks.enabled():
-        deferred_checks.defer_verdicts(verdict, [error], "a class-target check of a queued nll_loss")
-        return
-    metrics.bump("host_transfers")
-    failed, value = host_value(verdict)[0]
-    if failed:
-        raise error(int(value))
+    deferred_checks.check(verdict, [error], "a class-target check of a queued nll_loss")
 
 
 def _check_targets_graph(self, target, weight, reduction, ignore_index) -> list[Failure]:
@@ -123,9 +122,8 @@ def _check_targets_graph(self, target, weight, reduction, ignore_index) -> list[
     if target.size == 0 or target.dtype not in (jnp.int64, jnp.int32, jnp.uint8):
         return []
     classes = self.shape[1] if self.ndim >= 2 else self.shape[0]
-    bad = (((target < 0) | (target >= classes)) & (target != ignore_index)).reshape(-1)
-    value = target.reshape(-1)[jnp.argmax(bad)].astype(jnp.int64)
-    return [Failure(jnp.any(bad), value, IndexError, "Target {value} is out of bounds.")]
+    bad, value = _first_bad_target(target, classes, ignore_index)
+    return [Failure(bad, value, IndexError, "Target {value} is out of bounds.")]
 
 
 _check_targets = Check(_check_targets_host, _check_targets_graph)
@@ -232,13 +230,7 @@ def _bce_host_check(self, target, weight=None, reduction=_MEAN):
         return
     verdict = deferred_checks.verdicts(_bce_rows, _bce_verdict, (), (self, target))
     error = lambda on_input: RuntimeError(_BCE_INPUT if on_input else _BCE_TARGET)
-    if deferred_checks.enabled():
-        deferred_checks.defer_verdicts(verdict, [error], "an input check of a queued binary_cross_entropy")
-        return
-    metrics.bump("host_transfers")
-    bad, on_input = host_value(verdict)[0]
-    if bad:
-        raise error(bool(on_input))
+    deferred_checks.check(verdict, [error], "an input check of a queued binary_cross_entropy")
 
 
 def _bce_graph_check(self, target, weight=None, reduction=_MEAN) -> list[Failure]:
