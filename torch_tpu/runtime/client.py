@@ -122,11 +122,16 @@ def fences() -> list[jax.Array]:
     return [_fence(x) for x in _fence_inputs()]
 
 
+def host_read() -> None:
+    """Runs the `before_host_read` hooks: called where a tpu value is about to reach the host."""
+    for hook in before_host_read:
+        hook()
+
+
 def synchronize() -> None:
     """Waits for every computation queued on the selected client's devices: their fences, and
     the arrays still alive (transfers into them, and the CPU client, which may run independent
     computations side by side)."""
     jax.block_until_ready(fences())
     jax.block_until_ready(jax.live_arrays(platform()))
-    for hook in before_host_read:
-        hook()
+    host_read()

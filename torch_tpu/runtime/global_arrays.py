@@ -55,6 +55,5 @@ def _replicator(mesh: jax.sharding.Mesh):
 
 def host_value(array: jax.Array) -> np.ndarray:
     """The whole value of `array` on the host, whichever process holds its shards."""
-    for hook in client.before_host_read:
-        hook()
+    client.host_read()
     return np.asarray(fetchable(array))

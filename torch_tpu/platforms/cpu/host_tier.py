@@ -74,8 +74,7 @@ def view(t: torch.Tensor, writable: bool = False) -> torch.Tensor | None:
         return None
     if not _C._host_readable(t):
         return None
-    for hook in client.before_host_read:  # a host read, like host_value's
-        hook()
+    client.host_read()  # a host read, like host_value's
     return _C._host_view(t, writable)
 
 
