@@ -86,32 +86,25 @@ def _converted(dtype, shape: tuple, complex_dst: bool, value):
 def _copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     if _copy_on_host(src, dst):
         return dst
-    if tensors.lazy is not None and src.device == dst.device and src.device.type == "tpu":
+    if src.device.type == "tpu" and dst.device.type != "tpu":
+        dst.copy_(jax_to_cpu(to_jax(src)))
+        return dst
+    if tuple(src.shape) != tuple(dst.shape):
+        torch.broadcast_shapes(tuple(dst.shape), tuple(src.shape))  # CPU's error for a size mismatch
+    static = (to_numpy_dtype(dst.dtype), tuple(dst.shape), dst.dtype.is_complex)
+    if tensors.lazy is not None and src.device == dst.device:
         # Recorded: reading the value would run the ops recorded so far (an arange's out= copy
         # would split a lazy step's executable).
-        if tuple(src.shape) != tuple(dst.shape):
-            torch.broadcast_shapes(tuple(dst.shape), tuple(src.shape))  # CPU's error for a size mismatch
-        static = (to_numpy_dtype(dst.dtype), tuple(dst.shape), dst.dtype.is_complex)
         write_jax(dst, tensors.lazy.call(_converted, static, tensors.lazy.read(src)))
         return dst
-    if src.device.type == "tpu" and dst.device.type == "tpu":
+    if src.device.type == "tpu":
         value = to_jax(src)
         if src.device.index != dst.device.index:
             with memory.out_of_memory_as_torch(dst.device.index, "copying between devices", src.nbytes):
                 value = jax.device_put(value, client.jax_device(dst.device.index))
-    elif src.device.type == "tpu":
-        value = jax_to_cpu(to_jax(src))
-        dst.copy_(value)
-        return dst
     else:
         value = cpu_to_jax(src, dst.device.index)
-    if dst.dtype.is_complex is False and value.dtype.kind == "c":
-        value = value.real
-    value = value.astype(to_numpy_dtype(dst.dtype))
-    if tuple(value.shape) != tuple(dst.shape):
-        torch.broadcast_shapes(tuple(dst.shape), tuple(value.shape))  # CPU's error for a size mismatch
-        value = jax.numpy.broadcast_to(value, tuple(dst.shape))
-    write_jax(dst, value)
+    write_jax(dst, _converted(*static, value))
     return dst
 
 
