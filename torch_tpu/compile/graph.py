@@ -88,28 +88,25 @@ def _host_nodes(graph, constants: dict) -> tuple[list[Node], list[Node]]:
     prelude, epilogue = [], []
 
     def on_host(n) -> bool:
-        if not isinstance(n, Node):
+        if not isinstance(n, Node) or n in host:
             return True
-        if n in host:
-            return True
-        fake = _fake(n)
         if n.op == "placeholder" or n in constants:
-            return not (_fake_devices(fake) - {"cpu"})
+            return not (_fake_devices(_fake(n)) - {"cpu"})
         return False
 
     for node in graph.nodes:
         if node.op != "call_function" or not node.all_input_nodes:
             continue
-        fake = _fake(node)
-        if target_is_copy := node.target is torch.ops.aten.copy_.default:
+        inputs_on_host = all(on_host(a) for a in node.all_input_nodes)
+        if node.target is torch.ops.aten.copy_.default:
             dst = node.args[0]
             if isinstance(dst, Node) and dst.op == "placeholder" and _fake_devices(_fake(dst)) == {"cpu"}:
-                if all(on_host(a) for a in node.all_input_nodes):
+                if inputs_on_host:
                     epilogue.append(node)
             continue
-        if not (isinstance(node.target, OpOverload) or node.target is operator.getitem) or target_is_copy:
+        if not (isinstance(node.target, OpOverload) or node.target is operator.getitem):
             continue
-        if _fake_devices(fake) - {"cpu"} or not all(on_host(a) for a in node.all_input_nodes):
+        if _fake_devices(_fake(node)) - {"cpu"} or not inputs_on_host:
             continue
         if isinstance(node.target, OpOverload) and any(
             a.alias_info is not None and a.alias_info.is_write for a in node.target._schema.arguments
