@@ -6,6 +6,10 @@ under the Bazel test runner and with PYTHONPATH=<repo> for a local pytest run).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -31,6 +35,14 @@ def platform_tol(tol: dict) -> dict:
     if torch_tpu.platform() != "tpu":
         return dict(tol)
     return {"rtol": max(tol.get("rtol", 0.0), 5e-4), "atol": max(tol.get("atol", 0.0), 5e-4)}
+
+
+def run_python(args: list[str], env: dict, cwd, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python *args` in a fresh process (stdout and stderr captured as text) that imports the
+    torch_tpu under test from any cwd: its package root goes first on `env`'s PYTHONPATH."""
+    root = os.path.dirname(os.path.dirname(torch_tpu.__file__))
+    env = {**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def as_tuple(x) -> tuple:

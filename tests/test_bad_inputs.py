@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import warnings
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-import torch_tpu
+from tests.helpers import run_python
 
 TPU = "tpu"
 
@@ -660,16 +658,7 @@ def test_bad_inputs_raise_cpu_class_with_the_default_async_compile(tmp_path):
     they compile), in a fresh process: each raises CPU's class on every call."""
     env = {k: v for k, v in os.environ.items() if k != "TORCH_TPU_ASYNC_COMPILE"}
     env.update(TORCH_TPU_CACHE_DIR=str(tmp_path), TORCH_TPU_EXIT_COMPILE_WAIT="0", TORCH_TPU_PLATFORM="cpu")
-    root = os.path.dirname(os.path.dirname(torch_tpu.__file__))  # the package under test, from any cwd
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run(
-        [sys.executable, "-c", _DEFAULT_MODE_SCRIPT, __file__, *_ONCE_ANSWERED],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=str(tmp_path),
-    )
+    result = run_python(["-c", _DEFAULT_MODE_SCRIPT, __file__, *_ONCE_ANSWERED], env, cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     for name, (cpu, *tpu) in json.loads(result.stdout.strip().splitlines()[-1]).items():
         assert cpu != "NoneType", name

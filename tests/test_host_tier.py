@@ -5,13 +5,12 @@ after the compile run the executable. Both give CPU's results, views alias, in-p
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import torch_tpu
+from tests.helpers import run_python
 from torch_tpu.platforms.cpu import background_compile
 
 pytestmark = pytest.mark.cpu_client  # the host tier and the compile worker are the CPU client's
@@ -178,10 +177,8 @@ def test_exit_with_compiles_pending_does_not_wait_for_them():
         "queued = background_compile.pending_count()\n"
         "atexit.register(lambda: print(queued, torch_tpu.metrics.counters()['xla_compiles']))\n"
     )
-    root = os.path.dirname(os.path.dirname(torch_tpu.__file__))  # the package under test, from any cwd
     env = dict(os.environ, TORCH_TPU_ASYNC_COMPILE="1", TORCH_TPU_PERSISTENT_CACHE="0")
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd="/")
+    result = run_python(["-c", code], env, cwd="/")
     assert result.returncode == 0, result.stderr[-2000:]
     queued, compiled = map(int, result.stdout.split())
     assert queued > 100 and compiled < 59 * 3 - 90, (queued, compiled)

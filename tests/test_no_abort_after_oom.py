@@ -4,12 +4,10 @@ next allocation and op work. Each case runs in a fresh process (an abort ends it
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-import torch_tpu
+from tests.helpers import run_python
 
 # An OOM against the memory limit (the sort), then a tensor far larger than the host's memory
 # whose value the CPU client fails to allocate when it computes it: its first op used to read
@@ -58,15 +56,6 @@ def test_oom_then_allocate_does_not_abort(tmp_path, async_compile):
         TORCH_TPU_EXIT_COMPILE_WAIT="0",
         TORCH_TPU_PLATFORM="cpu",
     )
-    root = os.path.dirname(os.path.dirname(torch_tpu.__file__))  # the package under test, from any cwd
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=str(tmp_path),
-    )
+    result = run_python(["-c", _SCRIPT], env, cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "alive"
