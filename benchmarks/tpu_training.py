@@ -70,7 +70,7 @@ STARTED = time.perf_counter()
 
 
 class TorchRunner:
-    def __init__(self, mode: str, w: Workload, compile_mode: str | None):
+    def __init__(self, mode: str, w: Workload, compile_mode: str | None, compile_options: dict | None = None):
         import torch
         import tpu_models
 
@@ -88,6 +88,8 @@ class TorchRunner:
                 return loss_of(model, x, y)
 
         options = {"backend": "tpu"} | ({"mode": compile_mode} if compile_mode else {})
+        if compile_options:
+            options["options"] = compile_options
         if mode == "compiled-model":
             loss_fn = torch.compile(loss_fn, **options)
 

@@ -30,7 +30,8 @@ Options (all optional; an unknown key raises ValueError listing these):
   executable compiles on a background thread; later calls use the executable
   once it is ready.
 - "dump_dir": a directory; every compiled graph writes `<graph>.stablehlo.mlir`
-  (the lowered StableHLO) and `<graph>.hlo.txt` (XLA's optimized HLO) there.
+  (the lowered StableHLO), `<graph>.hlo.txt` (XLA's optimized HLO) and
+  `<graph>.memory.txt` (XLA's buffer sizes: arguments, outputs, temporaries) there.
 """
 
 from __future__ import annotations
@@ -215,6 +216,8 @@ def dump(options: CompileOptions, name: str, lowered, compiled) -> None:
         f.write(lowered.as_text())
     with open(f"{stem}.hlo.txt", "w") as f:
         f.write(compiled.as_text())
+    with open(f"{stem}.memory.txt", "w") as f:
+        f.write(f"{compiled.memory_analysis()}\n")
 
 
 def compile_lowered(lowered, options: CompileOptions):
