@@ -4,7 +4,7 @@ op (device planes only), beside the step's wall time. The gap between the two is
 waited for the host.
 
     python benchmarks/tpu_step_trace.py [--modes jax,compiled-model] [--batch 4] [--steps 2]
-        [--tiny] [--top 25] [--out DIR]
+        [--tiny] [--top 25] [--out DIR] [--stacks-after SECONDS]
 
 With --out, DIR keeps each mode's raw trace (`<mode>.xplane.pb`, readable by xprof/TensorBoard),
 the compiled graphs' StableHLO, optimized HLO and buffer sizes (`dump/<mode>/`), and the summary
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import glob
 import json
 import pathlib
@@ -89,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--stacks-after", type=float, default=None, help="print every thread's stack and exit then")
     args = parser.parse_args(argv)
+    if args.stacks_after:
+        faulthandler.dump_traceback_later(args.stacks_after, exit=True)
     out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="tpu_step_trace_"))
     out.mkdir(parents=True, exist_ok=True)
 
