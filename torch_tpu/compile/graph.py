@@ -14,8 +14,10 @@ counted as "graph_eager_ops" and warned about once per op.
 
 Data-dependent checks (an index out of range, integer division by zero) are the
 graph form of each op's declared `check=` (ops/checks.py): traced error predicates
-returned as extra outputs of the executable. After it runs, one host read of their
-combined flag raises CPU's error; segments without checked ops return nothing extra.
+returned as one extra output of the executable, its verdict rows (failed?, value). They
+raise CPU's error through ops/deferred_checks: at once on the CPU client, or at the next host
+read where checks are deferred (TPU), so a graph never stops the host to check; segments
+without checked ops return nothing extra.
 
 Input mutations (functionalized `copy_` into a placeholder: optimizer state,
 BatchNorm statistics) become buffer swaps on the input's storage, or a
@@ -41,13 +43,13 @@ from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.compile import async_compile, buckets, donation
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
-from torch_tpu.ops import checks, precision, registry, schema, storage_locks, tensors
+from torch_tpu.ops import checks, deferred_checks, precision, registry, schema, storage_locks, tensors
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.lowerings import copies
 from torch_tpu.ops.rng import key_data, key_from_data
 from torch_tpu.runtime import client, executable_cache
-from torch_tpu.runtime.global_arrays import before_program, host_value
+from torch_tpu.runtime.global_arrays import before_program
 
 _plans: dict[OpOverload, schema.OpPlan] = {}
 
@@ -209,16 +211,17 @@ class _Input:
 
 
 class _Executable:
-    __slots__ = ("checks", "compiled", "donated", "mutation_specs", "out_templates")
+    __slots__ = ("check_errors", "checks", "compiled", "donated", "mutation_specs", "out_templates")
 
     def __init__(self):
         self.compiled = None
         self.donated: tuple[int, ...] = ()
         self.out_templates: list = []
         self.mutation_specs: list = []
-        # (error, message) of each traced check; when any, the last three outputs are their
-        # combined flag, the flags and the offending values (`_raise_failure`).
+        # (error, message) of each traced check; when any, the last output is their verdict rows
+        # (failed?, offending value), int64 [n, 2], for deferred_checks.check.
         self.checks: list = []
+        self.check_errors: list | None = None
 
 
 class Segment:
@@ -312,7 +315,7 @@ class Segment:
             flat = exe.compiled(*dyn)
         metrics.bump("executions")
         if exe.checks:
-            _raise_failure(exe.checks, flat)
+            deferred_checks.check(flat[-1], _check_errors(exe), f"the compiled graph {self.name}")
         outs = [_rebuild(t, flat, device) for t in exe.out_templates]
         for target, spec in zip(targets, exe.mutation_specs):
             new = flat[spec[0]]
@@ -423,8 +426,8 @@ class Segment:
                 flat.append(value)
             exe.checks = [(f.error, f.message) for f in failures]
             if failures:
-                flags = jnp.stack([jnp.asarray(f.bad, jnp.bool_) for f in failures])
-                flat += [jnp.any(flags), flags, jnp.stack([jnp.asarray(f.value, jnp.int64) for f in failures])]
+                rows = [jnp.stack([jnp.asarray(f.bad, jnp.int64), jnp.asarray(f.value, jnp.int64)]) for f in failures]
+                flat.append(jnp.stack(rows))
             return flat
 
         return fn
@@ -460,16 +463,14 @@ class Segment:
         return schema.conform_tree(result, fake, node.target, keep_shape=True)
 
 
-def _raise_failure(checks: list, flat: list) -> None:
-    """Raises CPU's error for the first failed check of an executable's run: one host read of the
-    combined flag, and the flags and values only when it is set."""
-    metrics.bump("host_transfers")
-    if not bool(host_value(flat[-3])):
-        return
-    flags, values = host_value(flat[-2]), host_value(flat[-1])
-    first = int(np.argmax(flags))
-    error, message = checks[first]
-    raise error(message.format(value=int(values[first])))
+def _check_errors(exe: _Executable) -> list:
+    """Per traced check of `exe`, value -> CPU's exception (made once per executable)."""
+    if exe.check_errors is None:
+        exe.check_errors = [
+            lambda value, error=error, message=message: error(message.format(value=value))
+            for error, message in exe.checks
+        ]
+    return exe.check_errors
 
 
 def _target_text(target) -> str:
