@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
+from collections.abc import Callable
 
 import torch
 import torch._dynamo
@@ -50,10 +52,39 @@ def _graph_lowerable(op: OpOverload) -> bool:
 
 @functools.cache
 def decompositions() -> dict:
-    """PyTorch's decompositions of the ops that have no jax lowering."""
+    """PyTorch's decompositions of the ops that have no jax lowering, and the shape-only rewrites."""
     from torch._decomp import decomposition_table
 
-    return {op: fn for op, fn in decomposition_table.items() if isinstance(op, OpOverload) and not _graph_lowerable(op)}
+    table = decomposition_table.items()
+    return {op: fn for op, fn in table if isinstance(op, OpOverload) and not _graph_lowerable(op)} | _SHAPE_ONLY_INPUTS
+
+
+_rewriting = threading.local()
+
+
+def _by_shape(op: OpOverload, position: int) -> Callable:
+    """`op` with its input `position` replaced by a blank of the same shape: the backward reads
+    only its shape, so the partitioner must not keep the forward's value (the float32 log-probs
+    of an autocast cross_entropy: vocabulary x tokens x 4 bytes) in HBM until the backward."""
+
+    def rewrite(*args, **kwargs):
+        if getattr(_rewriting, "on", False):
+            return NotImplemented  # the rewritten call itself: traced as is
+        x = args[position]
+        blank = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        _rewriting.on = True
+        try:
+            return op(*args[:position], blank, *args[position + 1 :], **kwargs)
+        finally:
+            _rewriting.on = False
+
+    return rewrite
+
+
+_SHAPE_ONLY_INPUTS = {
+    torch.ops.aten.nll_loss_backward.default: _by_shape(torch.ops.aten.nll_loss_backward.default, 1),
+    torch.ops.aten.nll_loss2d_backward.default: _by_shape(torch.ops.aten.nll_loss2d_backward.default, 1),
+}
 
 
 def _compiler(kind: str, options: compile_options.CompileOptions):
