@@ -235,6 +235,9 @@ at::Tensor DeviceBuffer::host() {
     at::Tensor value;
     try {
       value = array_to_host(array);  // may let another thread run
+      if (value.dim() != 1) {
+        value = value.reshape({-1});  // a shaped buffer: its row-major elements (a view)
+      }
     } catch (...) {
       Py_DECREF(array);
       throw;
@@ -290,6 +293,7 @@ void DeviceBuffer::set_host(at::Tensor flat) {
   array_ = nullptr;
   array_dtype_ = flat.scalar_type();
   array_numel_ = flat.numel();
+  array_shape_.assign(1, array_numel_);
   host_ = std::move(flat);
   host_shared_ = false;
   Py_XDECREF(old);
@@ -323,6 +327,37 @@ void set_lazy_hook(PyObject* type, PyObject* resolver) {
 void set_lazy_recording(bool on) { g_lazy_recording = on; }
 bool lazy_recording() { return g_lazy_recording; }
 
+namespace {
+
+// `array.shape` (a jax.Array's or a lazy value's), or {numel} where it has none.
+std::vector<int64_t> shape_of(PyObject* array, int64_t numel) {
+  std::vector<int64_t> dims;
+  bool known = false;
+  PyObject* shape = PyObject_GetAttrString(array, "shape");
+  if (shape != nullptr && PyTuple_Check(shape)) {
+    known = true;
+    int64_t product = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i) {
+      const long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+      if (d < 0) {
+        known = false;
+        break;
+      }
+      dims.push_back(d);
+      product *= d;
+    }
+    known = known && product == numel;
+  }
+  Py_XDECREF(shape);
+  PyErr_Clear();
+  if (!known) {
+    dims.assign(1, numel);  // no usable shape: described as flat
+  }
+  return dims;
+}
+
+}  // namespace
+
 void DeviceBuffer::set_array(PyObject* array, c10::ScalarType dtype, int64_t numel) {
   PyObject* old = array_;
   if (array == Py_None) {
@@ -335,6 +370,11 @@ void DeviceBuffer::set_array(PyObject* array, c10::ScalarType dtype, int64_t num
   }
   array_dtype_ = dtype;
   array_numel_ = numel;
+  if (numel >= 0 && array_ != nullptr) {
+    array_shape_ = shape_of(array_, numel);
+  } else {
+    array_shape_.clear();
+  }
   host_.reset();
   host_shared_ = false;
   Py_XDECREF(old);

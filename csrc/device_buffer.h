@@ -14,7 +14,8 @@
 
 namespace torch_tpu {
 
-// Holds the storage's current jax.Array (flat, storage-sized) and a fake
+// Holds the storage's current jax.Array (flat and storage-sized, or shaped as the tensor
+// that wrote it: ops/geometry.py) and a fake
 // address from the core registry. The array may be null: storage that was
 // allocated but never written (torch.empty) reads as zeros.
 class DeviceBuffer {
@@ -40,6 +41,9 @@ class DeviceBuffer {
   bool has_array() const { return array_ != nullptr; }  // a jax array or a lazy value (not a host value)
   c10::ScalarType array_dtype() const { return array_dtype_; }
   int64_t array_numel() const { return array_numel_; }
+  // The array's shape where its dtype and numel are known (empty otherwise): flat {numel}, or
+  // the shape of the tensor that wrote it. Keys of executables that read the buffer hold it.
+  const std::vector<int64_t>& array_shape() const { return array_shape_; }
 
   // The value as a flat CPU tensor over the buffer's host memory (the host tier, on the CPU
   // client): the value the host tier computed, or a view of the array, made on first use and
@@ -67,6 +71,7 @@ class DeviceBuffer {
   PyObject* array_ = nullptr;  // a jax.Array, or a lazy value (torch_tpu/compile/lazy.py)
   c10::ScalarType array_dtype_ = c10::ScalarType::Undefined;
   int64_t array_numel_ = -1;
+  std::vector<int64_t> array_shape_;
   at::Tensor host_;           // the value on the host, or undefined
   bool host_shared_ = false;  // an array shares host_'s memory (it must not be written)
 };

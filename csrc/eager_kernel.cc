@@ -404,9 +404,12 @@ class OpState {
       return false;
     }
     const at::ScalarType dtype = t.scalar_type();
+    const std::vector<int64_t>& held = buffer.array_shape();
+    const auto sizes = t.sizes();
     if (!t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && view.offset == 0 &&
-        buffer.array_dtype() == dtype && buffer.array_numel() == t.numel() && t.is_contiguous()) {
-      key += 't';  // the whole buffer, row major
+        buffer.array_dtype() == dtype && buffer.array_numel() == t.numel() && t.is_contiguous() &&
+        held.size() == sizes.size() && std::equal(held.begin(), held.end(), sizes.begin())) {
+      key += 't';  // the whole buffer, in its own shape
       append(key, static_cast<int8_t>(dtype));
       append(key, static_cast<int8_t>(t.dim()));
       for (int64_t s : t.sizes()) {
@@ -421,7 +424,10 @@ class OpState {
       key += 'g';
       append(key, static_cast<int8_t>(dtype));
       append(key, static_cast<int8_t>(buffer.array_dtype()));
-      append(key, buffer.array_numel());
+      append(key, static_cast<int8_t>(held.size()));  // the buffer's shape: flat, or a tensor's
+      for (int64_t s : held) {
+        append(key, s);
+      }
       append(key, static_cast<int8_t>(t.is_conj() | (t.is_neg() << 1)));
       append(key, static_cast<int64_t>(t.storage_offset() + view.offset / itemsize));
       append(key, static_cast<int8_t>(t.dim()));

@@ -113,14 +113,14 @@ void init_host_tier(py::module_& m) {
   }, py::arg("tensor"), py::arg("flat"));
   m.def("_release_host_view", [](const at::Tensor& t) { return buffer_of(t.storage()).release_host_view(); },
         py::arg("tensor"));
-  // (dtype, length) of the value `tensor`'s buffer holds, without reading it: (None, -1) when
+  // (dtype, shape) of the value `tensor`'s buffer holds, without reading it: (None, None) when
   // unknown or never written.
-  m.def("_buffer_spec", [](const at::Tensor& t) -> std::pair<std::optional<at::ScalarType>, int64_t> {
+  m.def("_buffer_spec", [](const at::Tensor& t) -> std::pair<std::optional<at::ScalarType>, py::object> {
     const DeviceBuffer& buffer = buffer_of(t.storage());
     if (!buffer.written() || buffer.array_dtype() == c10::ScalarType::Undefined) {
-      return {std::nullopt, -1};
+      return {std::nullopt, py::none()};
     }
-    return {buffer.array_dtype(), buffer.array_numel()};
+    return {buffer.array_dtype(), py::tuple(py::cast(buffer.array_shape()))};
   }, py::arg("tensor"));
   m.def("_set_host_hooks", [](const py::object& to_dlpack, const py::object& from_dlpack, const py::object& jax_device) {
     set_host_hooks(to_dlpack.ptr(), from_dlpack.ptr(), jax_device.ptr());

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,7 +55,8 @@ size_t buffer_nbytes(const py::handle& obj) { return buffer_of(storage_arg(obj))
 // The dispatcher's per-argument fast path, one call per tensor argument:
 // None for a non-tpu tensor, else (device index, buffer or None, key). The key
 // is (sizes, dtype) when the tensor is its whole buffer in row-major order
-// (its storage starting at the buffer's start), and None when the dispatcher
+// (its storage starting at the buffer's start) and the buffer has its shape,
+// (sizes, dtype, buffer shape) when the buffer has another, and None when the dispatcher
 // must work out the full geometry (also for a tensor with the conj or neg bit:
 // the dispatcher applies the bit).
 py::object arg_info(const py::handle& obj) {
@@ -74,8 +76,14 @@ py::object arg_info(const py::handle& obj) {
     for (size_t i = 0; i < sizes.size(); ++i) {
       shape[i] = py::int_(sizes[i]);
     }
-    key = py::make_tuple(shape, py::reinterpret_borrow<py::object>(
-                                    reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()))));
+    py::object dtype =
+        py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
+    const std::vector<int64_t>& held = buffer.array_shape();
+    if (held.size() == sizes.size() && std::equal(held.begin(), held.end(), sizes.begin())) {
+      key = py::make_tuple(shape, dtype);
+    } else {  // the buffer holds the value in another shape (flat): the executable reads it so
+      key = py::make_tuple(shape, dtype, py::tuple(py::cast(held)));
+    }
   }
   return py::make_tuple(static_cast<int>(t.device().index()), array, key);
 }

@@ -28,9 +28,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch_tpu.platform() == "cpu":
+    from torch_tpu import platforms
+
+    if torch_tpu.platform() == "cpu" and not platforms.shaped_buffers():
         return
-    skip = pytest.mark.skip(reason=f"CPU-client behaviour; tpu tensors run on {torch_tpu.platform()} here")
+    where = "TPU's buffer layout" if torch_tpu.platform() == "cpu" else torch_tpu.platform()
+    skip = pytest.mark.skip(reason=f"CPU-client behaviour; tpu tensors run on {where} here")
     for item in items:
         if item.get_closest_marker("cpu_client") is not None:
             item.add_marker(skip)

@@ -257,7 +257,7 @@ def test_value_checks_run_on_every_call_the_cpp_path_takes():
         torch.full((3,), 300, dtype=torch.uint8, device="tpu")
     _repeat_on_hits(lambda w, i: torch.index_select(w, 0, i), A, torch.tensor([0, 2]))
     with pytest.raises(IndexError, match="index out of range"):
-        torch.index_select(A.to("tpu"), 0, torch.tensor([0, 9]).to("tpu"))
+        torch.index_select(A.to("tpu"), 0, torch.tensor([0, 9]).to("tpu")).cpu()  # (a deferred check: here)
 
 
 def test_a_repeated_python_number_is_one_cached_device_scalar(monkeypatch):
@@ -275,7 +275,7 @@ def test_a_repeated_python_number_is_one_cached_device_scalar(monkeypatch):
     for _ in range(5):
         y = t * 0.375
         z = t.add(t, alpha=-0.0)
-    assert put.count(0.375) == 1, put
+    assert [v for v in put if isinstance(v, float)].count(0.375) == 1, put  # (arrays: the copy to tpu)
     torch.testing.assert_close(y.cpu(), x * 0.375)
     torch.testing.assert_close(z.cpu(), x.add(x, alpha=-0.0))
     ints = torch.arange(4, dtype=torch.int32)

@@ -48,7 +48,7 @@ from jax import lax
 from torch._ops import OpOverload
 from torch.fx import Node
 
-from torch_tpu import _C, debug, metrics
+from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
@@ -395,12 +395,17 @@ def _remember(buf: jax.Array, sizes: tuple[int, ...]) -> None:
     _padded_buffers[key] = (weakref.ref(buf, lambda _ref, key=key: _padded_buffers.pop(key, None)), sizes)
 
 
+def _as_buffer(value):
+    """A padded value as its buffer: flat, or as it is where buffers are shaped."""
+    return value if platforms.shaped_buffers() else value.reshape(-1)
+
+
 def _pad_fn(geom, padded: tuple[int, ...]) -> Callable:
-    key = (geom, padded)
+    key = (geom, padded, platforms.shaped_buffers())
     fn = _pad_fns.get(key)
     if fn is None:
         widths = [(0, p - s) for s, p in zip(geom.sizes, padded)]
-        fn = _pad_fns[key] = jax.jit(lambda b: jnp.pad(geo.read(b, geom), widths).reshape(-1))
+        fn = _pad_fns[key] = jax.jit(lambda b: _as_buffer(jnp.pad(geo.read(b, geom), widths)))
         metrics.bump("bucket_pad_compiles")
     return fn
 
@@ -565,7 +570,7 @@ class Buckets:
         buf = tensors.buffer_of(v)
         padded_sizes, exact_sizes = _Shapes(padded, exact).of(p)
         dtype = TORCH_TO_NUMPY[v.dtype]
-        whole = geo.Geometry(padded_sizes, _contiguous(padded_sizes), 0, dtype, buf.dtype, buf.size)
+        whole = geo.Geometry(padded_sizes, _contiguous(padded_sizes), 0, dtype, buf.dtype, tuple(buf.shape))
         if padded_sizes == exact_sizes:
             return buf, tensors.tensor_geometry(v, buf)
         known = _padded_buffers.get(id(buf))
@@ -582,7 +587,7 @@ class Buckets:
         debug.log("buckets", f"{self.runner.name}: pads input {p.name} {exact_sizes} -> {padded_sizes}")
         metrics.bump("bucket_pads")
         new = _pad_fn(tensors.tensor_geometry(v, buf), padded_sizes)(buf)
-        return new, geo.Geometry(padded_sizes, _contiguous(padded_sizes), 0, dtype, new.dtype, new.size)
+        return new, geo.Geometry(padded_sizes, _contiguous(padded_sizes), 0, dtype, new.dtype, tuple(new.shape))
 
     def _compile(self, plan: _Plan, readers: list, dyn: list, signature: tuple):
         fn = self._traceable(plan, readers)
@@ -716,7 +721,7 @@ def _template(env: dict, arg, flat: list, shapes: _Shapes):
         return ("size", fake.node.expr)
     if isinstance(fake, torch.Tensor):
         padded_sizes = shapes.of(arg)[0]
-        flat.append(jnp.asarray(env[arg]).astype(TORCH_TO_NUMPY[fake.dtype]).reshape(-1))
+        flat.append(_as_buffer(jnp.asarray(env[arg]).astype(TORCH_TO_NUMPY[fake.dtype])))
         return ("tensor", len(flat) - 1, padded_sizes, _exprs(fake), fake.dtype)
     return ("static", env[arg])
 

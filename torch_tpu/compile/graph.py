@@ -242,6 +242,7 @@ class Segment:
         self._last_signature: tuple | None = None
         self._text: str | None = None
         self.options = compile_options.DEFAULT  # set by GraphRunner
+        self.shaped = platforms.shaped_buffers()  # fresh and written buffers keep their shapes
 
     # -- runtime --
 
@@ -353,7 +354,7 @@ class Segment:
         start = time.perf_counter()
         persist = None
         if opts.dump_dir is None:  # a dump needs the lowering
-            persist = executable_cache.key_text("graph", (self.text(), signature, exe.donated, repr(opts)))
+            persist = executable_cache.key_text("graph", (self.text(), signature, exe.donated, repr(opts), self.shaped))
         found = executable_cache.load(persist)
         if found is not None:
             exe.compiled, (exe.out_templates, exe.mutation_specs, *checked) = found
@@ -421,7 +422,7 @@ class Segment:
                 value = env[copy_node]
                 if reader.kind == "buffer":
                     value = tensors.apply_bits(jnp.broadcast_to(value, reader.geom.sizes), *reader.bits)
-                    value = geo.write(buffers[placeholder], reader.geom, value)
+                    value = geo.write(buffers[placeholder], reader.geom, value, self.shaped)
                 exe.mutation_specs.append((len(flat),))
                 flat.append(value)
             exe.checks = [(f.error, f.message) for f in failures]
@@ -505,14 +506,16 @@ def _dense_order(fake, shape: tuple) -> tuple[int, ...] | None:
 
 
 def _flatten(value, fake, flat: list):
-    """A template of `value` whose arrays are moved to `flat` (flattened to 1-D buffers)."""
+    """A template of `value` whose arrays are moved to `flat` (as buffers: flat, or shaped where
+    the platform keeps buffers shaped)."""
     if isinstance(value, (list, tuple)):
         fakes = fake if isinstance(fake, (list, tuple)) else [None] * len(value)
         return (type(value), [_flatten(v, f, flat) for v, f in zip(value, fakes)])
     if isinstance(value, jax.Array):
         shape = tuple(value.shape)
         order = _dense_order(fake, shape)
-        flat.append((value if order is None else jnp.transpose(value, order)).reshape(-1))
+        value = value if order is None else jnp.transpose(value, order)
+        flat.append(value if platforms.shaped_buffers() else value.reshape(-1))
         dtype = fake.dtype if isinstance(fake, torch.Tensor) else NUMPY_TO_TORCH[np.dtype(value.dtype)]
         on_cpu = isinstance(fake, torch.Tensor) and fake.device.type == "cpu"
         return ("array", len(flat) - 1, shape, dtype, on_cpu and order is None, order)

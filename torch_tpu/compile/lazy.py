@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu import _C, debug, metrics
+from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
@@ -202,11 +202,13 @@ def _read(geom, buf):
 
 
 def _write(geom, buf, value):
-    return geo.write(buf, geom, jnp.broadcast_to(value, geom.sizes))
+    return geo.write(buf, geom, jnp.broadcast_to(value, geom.sizes), platforms.shaped_buffers())
 
 
 def _flat(dtype, value):
-    return value.astype(dtype).reshape(-1)
+    """A fresh value as its buffer: flat, or as it is where buffers are shaped."""
+    value = value.astype(dtype)
+    return value if platforms.shaped_buffers() else value.reshape(-1)
 
 
 def _raw_buffer(t: torch.Tensor):

@@ -101,7 +101,7 @@ def bucketed_forward(query, key, value, causal: bool, sm_scale: float) -> tuple[
             kv_abs = tensors.abstract_buffer(k_geom, device)
             return tensors.abstract_buffer(q_geom, device), kv_abs, kv_abs, key_len, *statics
 
-        held = (k_geom.buffer_dtype, k_geom.buffer_len, statics, device)  # what the signature holds
+        held = (k_geom.buffer_dtype, k_geom.buffer_shape, statics, device)  # what the signature holds
         if not _bucketed_forward.ready_by(held, arguments):  # compiling: on the host
             return host_tier.run(forward_op, (query, key, value, causal, sm_scale), {}, device)
     growing.counted(("attention", q_geom, key.dtype, kv_shape, causal, sm_scale))

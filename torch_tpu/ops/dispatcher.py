@@ -221,7 +221,9 @@ def make_kernel(
                 return kernel(*gathered[0], **gathered[1])
         if entry is None:
             compile_start = time.perf_counter()
-            persist = None if spmd.layer is not None else executable_cache.key_text("op", (name, *key[1:]))
+            persist = None
+            if spmd.layer is None:
+                persist = executable_cache.key_text("op", (name, *key[1:], platforms.shaped_buffers()))
             entry = load_entry(persist)
             loaded = entry is not None
             if not loaded:

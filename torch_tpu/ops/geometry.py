@@ -2,8 +2,10 @@
 writes to its storage buffer, traced inside the op's jitted function.
 
 A buffer is flat (storage-sized, 1-D), or, for a tensor that is its whole
-storage, may have the tensor's own shape: that is how a sharded buffer keeps
-its per-dim sharding (torch_tpu.distributed). Writes keep the buffer's shape."""
+storage, has the tensor's own shape: where buffers are shaped
+(platforms.shaped_buffers(): on TPU, where a reshape between a flat and an N-D
+array is a copy through HBM), and how a sharded buffer keeps its per-dim
+sharding (torch_tpu.distributed). The buffer's shape is part of every key."""
 
 from __future__ import annotations
 
@@ -20,12 +22,17 @@ class Geometry(NamedTuple):
     strides: tuple[int, ...]
     offset: int
     dtype: np.dtype  # the tensor's element type
-    buffer_dtype: np.dtype  # the flat buffer's element type
-    buffer_len: int  # elements in the buffer
+    buffer_dtype: np.dtype  # the buffer's element type
+    buffer_shape: tuple[int, ...]  # flat (elements,), or the shape of the tensor that wrote it
 
     @property
     def numel(self) -> int:
         return math.prod(self.sizes)
+
+    @property
+    def buffer_len(self) -> int:
+        """Elements in the buffer."""
+        return math.prod(self.buffer_shape)
 
     @property
     def is_whole(self) -> bool:
@@ -184,11 +191,56 @@ def _to_view(value: jnp.ndarray, geom: Geometry, order) -> jnp.ndarray:
     return lax.broadcast_in_dim(value, geom.sizes, positions)
 
 
+class _Box(NamedTuple):
+    """A view as a box of a shaped buffer of its rank: buf[starts : starts + sizes * steps : steps]."""
+
+    starts: tuple[int, ...]
+    steps: tuple[int, ...]
+
+
+def _box(buf_shape: tuple[int, ...], geom: Geometry) -> _Box | None:
+    """The view as a strided slice of the shaped buffer (no copy to a flat layout: on TPU a
+    reshape between shapes is a relayout), or None."""
+    if len(buf_shape) != len(geom.sizes) or len(buf_shape) < 2 or geom.dtype != geom.buffer_dtype or geom.numel == 0:
+        return None
+    starts, steps, rest = [], [], geom.offset
+    for size, stride, step_of_dim, n in zip(geom.sizes, geom.strides, contiguous_strides(buf_shape), buf_shape):
+        start, rest = divmod(rest, step_of_dim)
+        step = 1 if size == 1 else stride // step_of_dim
+        if step < 1 or (size != 1 and stride % step_of_dim) or start + (size - 1) * step >= n:
+            return None
+        starts.append(start)
+        steps.append(step)
+    return _Box(tuple(starts), tuple(steps)) if rest == 0 else None
+
+
+def _from_shaped(buf: jnp.ndarray, geom: Geometry) -> jnp.ndarray | None:
+    """The view read straight from a shaped buffer (a transpose of it, or a box), or None."""
+    order = dense_order(geom.sizes, geom.strides)
+    if (
+        order is not None
+        and geom.offset == 0
+        and geom.dtype == geom.buffer_dtype
+        and tuple(buf.shape) == tuple(geom.sizes[d] for d in order)
+    ):
+        return lax.transpose(buf, [order.index(d) for d in range(len(order))])
+    box = _box(tuple(buf.shape), geom)
+    if box is None:
+        return None
+    limits = [s + (n - 1) * st + 1 for s, n, st in zip(box.starts, geom.sizes, box.steps)]
+    return lax.slice(buf, box.starts, limits, box.steps)
+
+
 def read(buf: jnp.ndarray, geom: Geometry) -> jnp.ndarray:
-    """The view's value, traced: a reshape, a slice/transpose/broadcast, a slice of a reshaped
-    window of the buffer, or (overlapping strides) a gather."""
+    """The view's value, traced: a reshape, a transpose or slice of a shaped buffer, a
+    slice/transpose/broadcast, a slice of a reshaped window of the buffer, or (overlapping
+    strides) a gather."""
     if geom.is_whole:
         return buf.reshape(geom.sizes)
+    if buf.ndim > 1:
+        value = _from_shaped(buf, geom)
+        if value is not None:
+            return value
     flat = _as_dtype(buf, geom.dtype, storage_elements(geom))
     if geom.numel == 0:
         return jnp.zeros(geom.sizes, geom.dtype)
@@ -204,12 +256,16 @@ def read(buf: jnp.ndarray, geom: Geometry) -> jnp.ndarray:
     return flat[_flat_indices(geom)]
 
 
-def write(buf: jnp.ndarray, geom: Geometry, value: jnp.ndarray) -> jnp.ndarray:
+def write(buf: jnp.ndarray, geom: Geometry, value: jnp.ndarray, shaped: bool = False) -> jnp.ndarray:
     """The new buffer after writing `value` into the view, traced; it keeps the buffer's shape
-    where its size and dtype allow (else it is flat)."""
+    where its size and dtype allow (else it is flat), except that with `shaped`
+    (platforms.shaped_buffers()) a flat buffer written whole takes the value's shape."""
     value = value.astype(geom.dtype)
     if geom.is_whole:
-        return value.reshape(buf.shape)
+        return value if shaped and buf.ndim == 1 else value.reshape(buf.shape)
+    box = _box(tuple(buf.shape), geom) if buf.ndim > 1 else None
+    if box is not None and all(st == 1 for st in box.steps):  # a box of a shaped buffer: updated in place
+        return lax.dynamic_update_slice(buf, value, box.starts)
     flat = _as_dtype(buf, geom.dtype, storage_elements(geom))
     grid = None if geom.numel == 0 or is_contiguous(geom.sizes, geom.strides) else _grid(geom)
     if geom.numel == 0:

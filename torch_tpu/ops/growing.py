@@ -57,8 +57,8 @@ def row_major_length(t) -> int | None:
         return None
     if _C._buffer_offset(t) != 0:
         return None
-    dtype, length = _C._buffer_spec(t)
-    return length if dtype == t.dtype else None
+    dtype, shape = _C._buffer_spec(t)
+    return math.prod(shape) if dtype == t.dtype else None
 
 
 def contiguous_buffer(t) -> object | None:
@@ -175,7 +175,7 @@ def cat(tensors_, dim=0) -> torch.Tensor | None:
         def arguments():
             return tensors.abstract_buffer(a_geom, device), tensors.abstract_buffer(b_geom, device), a_len, *statics
 
-        held = (a_geom.buffer_dtype, a_geom.buffer_len, statics, device)  # what the signature holds
+        held = (a_geom.buffer_dtype, a_geom.buffer_shape, statics, device)  # what the signature holds
         if not _append.ready_by(held, arguments):  # compiling: the append runs on the host
             return _append_on_host(a, b, dim, outer * out_padded * inner)
     counted(("cat", a.dtype, *statics))

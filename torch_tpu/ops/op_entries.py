@@ -305,6 +305,7 @@ def build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device,
         None if m is None else tuple(m.shape) for m in flatten_values([meta_args[i] for i in plan.mutable])
     ]
     entry = Entry(None, fresh_meta, mutable_shapes)
+    shaped = platforms.shaped_buffers()
     tensor_slots: list[_TensorSlot] = []
     _substitute(template, lambda s: tensor_slots.append(s) if isinstance(s, _TensorSlot) else None)
 
@@ -316,8 +317,10 @@ def build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device,
             return value
 
         values = [_substitute(v, materialize) for v in template]
-        # Sharded (N-D) buffers in, N-D buffers out: a flat output would drop a per-dim sharding.
-        keep_shape = any(inputs[slot.index].ndim != 1 for slot in tensor_slots)
+        # Shaped buffers out where the platform keeps them (TPU), and for N-D (sharded) buffers in:
+        # a flat output would drop a per-dim sharding.
+        nd_inputs = any(inputs[slot.index].ndim != 1 for slot in tensor_slots)
+        keep_shape = shaped or nd_inputs
         reads = precision.reads()
         result = call_lowering(fn, plan, values, rng)
         entry.reads_precision = precision.reads() != reads
@@ -327,7 +330,7 @@ def build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device,
         else:
             fresh, mutated = result[: plan.num_fresh], result[plan.num_fresh :]
             mutated = flatten_values(mutated)
-        if keep_shape:  # an N-D buffer is the logical value
+        if nd_inputs and not shaped:  # a sharded buffer is the logical value
             entry.fresh_layout = _fresh_layout(fresh_meta, logical=True)
         fresh_out = [
             _lay_out(conform_tree(v, m, plan.op, True), m, st, keep_shape)
@@ -342,7 +345,7 @@ def build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device,
             group = aliases[k] if aliases else k
             _check_fits(jnp.shape(value), slot.geom.sizes)
             value = apply_bits(jnp.broadcast_to(value, slot.geom.sizes), *slot.bits)  # a conj view stores conj(value)
-            buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, value)
+            buf = geo.write(latest.get(group, inputs[slot.index]), slot.geom, value, shaped)
             latest[group] = buf
             new_buffers.append(buf)
         entry.mutable_specs = [None if b is None else (NUMPY_TO_TORCH[np.dtype(b.dtype)], b.size) for b in new_buffers]

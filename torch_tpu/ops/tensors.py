@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu import _C, metrics
+from torch_tpu import _C, metrics, platforms
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import spmd, storage_locks
@@ -54,24 +54,24 @@ def _zeros(n: int, dtype: np.dtype, device: int) -> jax.Array:
 
 def tensor_geometry(t: torch.Tensor, buf: jax.Array):
     dtype = to_numpy_dtype(t.dtype)
-    return geo.Geometry(tuple(t.shape), tuple(t.stride()), _offset(t), dtype, buf.dtype, buf.size)
+    return geo.Geometry(tuple(t.shape), tuple(t.stride()), _offset(t), dtype, buf.dtype, tuple(buf.shape))
 
 
 def known_geometry(t: torch.Tensor) -> geo.Geometry:
     """`tensor_geometry` without reading the buffer where its dtype and length are known (a
     value the host tier made stays on the host)."""
-    dtype, length = _C._buffer_spec(t)
+    dtype, shape = _C._buffer_spec(t)
     if dtype is None:
         return tensor_geometry(t, buffer_of(t))
     return geo.Geometry(
-        tuple(t.shape), tuple(t.stride()), _offset(t), to_numpy_dtype(t.dtype), to_numpy_dtype(dtype), length
+        tuple(t.shape), tuple(t.stride()), _offset(t), to_numpy_dtype(t.dtype), to_numpy_dtype(dtype), shape
     )
 
 
 def abstract_buffer(g: geo.Geometry, device: int) -> jax.ShapeDtypeStruct:
     """What the buffer of geometry `g` on tpu device `device` is to jax, without the buffer."""
     sharding = jax.sharding.SingleDeviceSharding(client.jax_device(device))
-    return jax.ShapeDtypeStruct((g.buffer_len,), g.buffer_dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(g.buffer_shape, g.buffer_dtype, sharding=sharding)
 
 
 def _offset(t: torch.Tensor) -> int:
@@ -172,7 +172,8 @@ def _write_jax(t: torch.Tensor, value: jax.Array) -> None:
     buf = buffer_of(t)
     g = tensor_geometry(t, buf)
     if g.is_whole and value.dtype == g.dtype and tuple(value.shape) == g.sizes:
-        value = reshape(value, buf.shape)
+        if buf.ndim != 1 or not platforms.shaped_buffers():
+            value = reshape(value, buf.shape)
         _C._set_buffer(t, value if spmd.layer is None else spmd.layer.keep_layout(buf, value), t.dtype, g.numel)
         return
     check_no_internal_overlap(g)
@@ -180,11 +181,14 @@ def _write_jax(t: torch.Tensor, value: jax.Array) -> None:
         pair = [buf, value]
         spmd.layer.place_inputs(pair, [])
         buf, value = pair
-    key = ("write", g, value.shape, value.dtype)
+    shaped = platforms.shaped_buffers()
+    key = ("write", g, value.shape, value.dtype, shaped)
     fn = _read_jit_cache.get(key)
     if fn is None:
         fn = _read_jit_cache[key] = executable_cache.jit(
-            lambda b, v, g=g: geo.write(b, g, jnp.broadcast_to(v, g.sizes)), name="write", key=g
+            lambda b, v, g=g, s=shaped: geo.write(b, g, jnp.broadcast_to(v, g.sizes), s),
+            name="write",
+            key=(g, shaped),
         )
     metrics.bump("executions")
     new = fn(buf, value)

@@ -61,7 +61,7 @@ def _shape_sig(sig) -> object:
 def _placements(sig) -> list:
     found = []
     if isinstance(sig, geo.Geometry):
-        found.append((sig.strides, sig.offset, sig.buffer_len))
+        found.append((sig.strides, sig.offset, sig.buffer_shape))
     elif isinstance(sig, tuple):
         for s in sig:
             found.extend(_placements(s))

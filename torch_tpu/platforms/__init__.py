@@ -37,6 +37,18 @@ def host_memory_buffers() -> bool:
     return name() == "cpu"
 
 
+def shaped_buffers() -> bool:
+    """Whether an op's or a graph's fresh buffer keeps its tensor's shape instead of being flat:
+    on TPU, where reshaping between a flat and an N-D array is a relayout copy through HBM (at
+    every op and graph boundary, for every parameter, gradient and activation). On the CPU
+    client the reshape is free and buffers stay flat; TORCH_TPU_SHAPED_BUFFERS=1 or 0 decides
+    elsewise (tests run TPU's layout on the CPU client with it)."""
+    setting = os.environ.get("TORCH_TPU_SHAPED_BUFFERS", "").strip()
+    if setting:
+        return setting not in ("0", "false", "no", "off")
+    return name() != "cpu"
+
+
 def kernels_compile() -> bool:
     """Whether Pallas kernels compile with Mosaic (TPU); elsewhere Pallas interprets them, an
     emulator for testing (kernels/_pallas.py)."""

@@ -16,7 +16,13 @@ from torch_tpu.runtime import client
 from torch_tpu.runtime.global_arrays import host_value
 
 # numpy cannot hold these torch dtypes; they travel as same-width integers.
-_BIT_CARRIERS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
+_BIT_CARRIERS = {
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.int8,
+    torch.float8_e5m2: torch.int8,
+    torch.float8_e4m3fnuz: torch.int8,
+    torch.float8_e5m2fnuz: torch.int8,
+}
 _NUMPY_MAX_DIMS = 64
 
 

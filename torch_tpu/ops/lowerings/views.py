@@ -135,7 +135,7 @@ def alias(out, x):
 def as_strided(out, x, size, stride, storage_offset=None):
     """Reads x as a contiguous storage (what functionalized graphs give it)."""
     dtype = x.dtype
-    g = geo.Geometry(tuple(size), tuple(stride), storage_offset or 0, dtype, dtype, math.prod(x.shape))
+    g = geo.Geometry(tuple(size), tuple(stride), storage_offset or 0, dtype, dtype, (math.prod(x.shape),))
     return geo.read(jnp.reshape(x, (-1,)), g)
 
 

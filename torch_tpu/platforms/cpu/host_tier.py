@@ -58,7 +58,13 @@ def _to_dlpack(array):
 def available() -> bool:
     """Whether first-seen signatures run here while they compile (the CPU client, and
     TORCH_TPU_ASYNC_COMPILE not off)."""
-    return platforms.host_memory_buffers() and background_compile.enabled()
+    return _on() and background_compile.enabled()
+
+
+def _on() -> bool:
+    """The CPU client, with flat buffers: TORCH_TPU_SHAPED_BUFFERS=1 (TPU's layout, for tests) runs
+    ops as TPU does, without the host tier (whose host values are flat)."""
+    return platforms.host_memory_buffers() and not platforms.shaped_buffers()
 
 
 def readable(t: torch.Tensor) -> bool:
@@ -70,7 +76,7 @@ def view(t: torch.Tensor, writable: bool = False) -> torch.Tensor | None:
     """A CPU view of a tpu tensor's value where its buffer is host memory (the CPU client, one
     device per buffer, no math bits), else None: reading it, or writing it (`writable`: the
     writes are its storage's new value), compiles nothing, whatever its geometry."""
-    if not platforms.host_memory_buffers() or spmd.layer is not None or tensors.lazy is not None:
+    if not _on() or spmd.layer is not None or tensors.lazy is not None:
         return None
     if not _C._host_readable(t):
         return None
