@@ -24,6 +24,7 @@ therefore runs one cached executable.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -37,7 +38,7 @@ from torch_tpu import _C, debug, metrics
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import tensors
+from torch_tpu.ops import scalars, tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
 from torch_tpu.ops.rng import key_from_data
 from torch_tpu.runtime import client
@@ -60,7 +61,7 @@ class LazyArray:
         self.shape = tuple(aval.shape)
         self.dtype = np.dtype(aval.dtype)
         self.ndim = len(self.shape)
-        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.size = math.prod(self.shape)  # (np.prod costs ~3 µs: an optimizer step makes thousands)
         self.value: jax.Array | None = None
 
     def reshape(self, *shape):
@@ -368,13 +369,23 @@ def flush() -> None:
         if len(_executables) > MAX_EXECUTABLES:
             del _executables[next(iter(_executables))]
         with memory.out_of_memory_as_torch(trace.device, "running " + what):
-            flat = compiled(trace.leaves, trace.rngs)
+            flat = compiled(_device_numbers(trace), trace.rngs)
         metrics.bump("executions")
         metrics.bump("lazy_runs")
         for v, value in zip(outputs, flat):
             lazy = trace.values[v]()
             if lazy is not None:
                 lazy.value = value
+
+
+def _device_numbers(trace: _Trace) -> list:
+    """The trace's inputs with its Python numbers as cached weakly typed device scalars (what
+    jax makes of a number, without putting it on the device at every run: an optimizer step's
+    lr and bias corrections are a few values repeated in a list per parameter)."""
+    return [scalars.device_scalar(x, trace.device) if type(x) in _NUMBERS else x for x in trace.leaves]
+
+
+_NUMBERS = (bool, int, float)
 
 
 def _compile(trace: _Trace, outputs: list[int]):
