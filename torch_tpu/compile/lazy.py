@@ -206,6 +206,15 @@ def _write(geom, buf, value):
     return geo.write(buf, geom, jnp.broadcast_to(value, geom.sizes))
 
 
+def _update(fn, static, geoms, bufs, *args):
+    values = [[geo.read(b, g) for b, g in zip(bs, gs)] for bs, gs in zip(bufs, geoms)]
+    new = fn(*static, values, *args)
+    return [
+        [None if v is old else geo.write(b, g, v) for v, old, b, g in zip(vs, olds, bs, gs)]
+        for vs, olds, bs, gs in zip(new, values, bufs, geoms)
+    ]
+
+
 def _flat(dtype, value):
     return value.astype(dtype).reshape(-1)
 
@@ -253,6 +262,20 @@ class _Recorder:
         buf = _raw_buffer(t)
         new = _Recorder.call(_write, (tensors.tensor_geometry(t, buf),), buf, value, device=t.device.index)
         _C._set_buffer(t, new, t.dtype, new.size)
+
+    @staticmethod
+    def update(fn, static: tuple, lists: list, *args, device: int) -> None:
+        """Records `fn(*static, values, *args)`, where `values` are the values of the tpu tensor
+        lists `lists`, and writes back the lists of new values it returns (one per tensor; the
+        very value read leaves its tensor as it was): the reads, the computation and the writes
+        are one recorded op, not one per tensor (an optimizer's fused step)."""
+        bufs = [[_raw_buffer(t) for t in ts] for ts in lists]
+        geoms = tuple(tuple(tensors.tensor_geometry(t, b) for t, b in zip(ts, bs)) for ts, bs in zip(lists, bufs))
+        new = _Recorder.call(_update, (fn, static, geoms), bufs, *args, device=device)
+        for ts, values in zip(lists, new):
+            for t, value in zip(ts, values):
+                if value is not None:
+                    _C._set_buffer(t, value, t.dtype, value.size)
 
     @staticmethod
     def wrap(value, device: int, dtype: torch.dtype) -> torch.Tensor:
