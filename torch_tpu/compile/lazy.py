@@ -24,6 +24,7 @@ therefore runs one cached executable.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 import time
@@ -41,7 +42,7 @@ from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import scalars, tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
 from torch_tpu.ops.rng import key_from_data
-from torch_tpu.runtime import client
+from torch_tpu.runtime import client, executable_cache
 
 # A trace longer than this runs at once (a loop that never syncs must not grow without end).
 MAX_OPS = 50_000
@@ -168,11 +169,12 @@ def _aval(x):
 class _FnOp:
     """A jax function recorded by an eager lowering (read, compute, write), like an op entry."""
 
-    __slots__ = ("lazy_avals", "out_tree", "run", "traceable")
+    __slots__ = ("lazy_avals", "out_tree", "persist", "run", "traceable")
 
-    def __init__(self, run, out):
+    def __init__(self, run, out, persist: str | None):
         self.run = self.traceable = run
         self.lazy_avals, self.out_tree = jax.tree_util.tree_flatten(out)
+        self.persist = persist  # what it computes, as text that reads the same in every process
 
 
 _fn_ops: dict[tuple, _FnOp] = {}
@@ -190,8 +192,20 @@ def _fn_op(fn, static: tuple, treedef, leaves: list) -> _FnOp:
             return jax.tree_util.tree_leaves(call(inputs))
 
         out = jax.eval_shape(call, [_aval(x) for x in leaves])
-        op = _fn_ops[key] = _FnOp(run, out)
+        persist = executable_cache.stable_text((_named(fn), _named(static), str(treedef), key[3]))
+        op = _fn_ops[key] = _FnOp(run, out, persist)
     return op
+
+
+def _named(value):
+    """`value` with its functions as their import names (module.qualname), for a persistent key;
+    a nested function or lambda stays itself, and its address makes the key unstable."""
+    if type(value) is tuple:
+        return tuple(_named(v) for v in value)
+    if callable(value) and not isinstance(value, type):
+        name = getattr(value, "__qualname__", "<")
+        return value if "<" in name else f"{value.__module__}.{name}"
+    return value
 
 
 def _reshape(shape, x):
@@ -358,8 +372,8 @@ def _replay(records: list, outputs: list[int]):
 
 
 def _leaf_key(x):
-    if isinstance(x, jax.Array):
-        return (x.shape, x.dtype, x.weak_type)
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):  # (a pending input's shape too)
+        return (tuple(x.shape), np.dtype(x.dtype), x.weak_type)
     return type(x)
 
 
@@ -384,8 +398,14 @@ def flush() -> None:
         what = f"the lazy graph of {len(trace.records)} ops"
         compiled = _executables.pop(key, None)
         if compiled is None:
-            with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
-                compiled = _compile(trace, outputs)
+            persist = _persist_key(trace, key)
+            found = executable_cache.load(persist)
+            if found is not None:
+                compiled = found[0]
+            else:
+                with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
+                    compiled = _compile(trace, outputs)
+                executable_cache.save(persist, compiled)
         else:
             metrics.bump("graph_cache_hits")
         _executables[key] = compiled
@@ -399,6 +419,19 @@ def flush() -> None:
             lazy = trace.values[v]()
             if lazy is not None:
                 lazy.value = value
+
+
+def _persist_key(trace: _Trace, key: tuple) -> str | None:
+    """The trace's persistent key: its in-memory key with each recorded op as its own persistent
+    text (an op entry's key, a recorded function's name and arguments), hashed; None if an op
+    has none (not persisted)."""
+    texts = []
+    for op, wiring, rng, _ in trace.records:
+        if op.persist is None:
+            return None
+        texts.append((op.persist, wiring, rng is not None))
+    body = repr((texts, *key[2:]))
+    return executable_cache.key_text("lazy", (trace.device, hashlib.sha256(body.encode()).hexdigest()))
 
 
 def _device_numbers(trace: _Trace) -> list:
