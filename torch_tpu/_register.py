@@ -3,7 +3,8 @@
 Every import-time side effect of torch_tpu is a call from `register()`, in order: the
 persistent compile cache, the PrivateUse1 rename and the C++ device surface, the device list,
 `torch.tpu` (and its hooks), the op lowerings (the Pallas SDPA routing among them),
-torch.compile's "tpu" backend, the c10d backend "tpu", Lightning's "torch_tpu" accelerator (registered
+torch.compile's "tpu" backend, the optimizer step pre-hook that fuses a tpu optimizer's step
+(fused_optimizer.py), the c10d backend "tpu", Lightning's "torch_tpu" accelerator (registered
 when Lightning is imported), and this process's stats file for tpu-info.
 
 A client that cannot be created (e.g. an invalid TORCH_TPU_PLATFORM) does not fail the import:
@@ -70,6 +71,10 @@ def register() -> None:
     from torch_tpu import compile as graph_compile
 
     graph_compile.register()
+
+    from torch_tpu import fused_optimizer
+
+    fused_optimizer.install()  # eager optimizer steps on tpu as one executable
 
     from torch_tpu.distributed import c10d
 

@@ -24,6 +24,8 @@ therefore runs one cached executable.
 
 from __future__ import annotations
 
+import hashlib
+import math
 import threading
 import time
 import weakref
@@ -37,10 +39,10 @@ from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import tensors
+from torch_tpu.ops import scalars, tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
 from torch_tpu.ops.rng import key_from_data
-from torch_tpu.runtime import client
+from torch_tpu.runtime import client, executable_cache
 
 # A trace longer than this runs at once (a loop that never syncs must not grow without end).
 MAX_OPS = 50_000
@@ -60,7 +62,7 @@ class LazyArray:
         self.shape = tuple(aval.shape)
         self.dtype = np.dtype(aval.dtype)
         self.ndim = len(self.shape)
-        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.size = math.prod(self.shape)  # (np.prod costs ~3 µs: an optimizer step makes thousands)
         self.value: jax.Array | None = None
 
     def reshape(self, *shape):
@@ -167,11 +169,12 @@ def _aval(x):
 class _FnOp:
     """A jax function recorded by an eager lowering (read, compute, write), like an op entry."""
 
-    __slots__ = ("lazy_avals", "out_tree", "run", "traceable")
+    __slots__ = ("lazy_avals", "out_tree", "persist", "run", "traceable")
 
-    def __init__(self, run, out):
+    def __init__(self, run, out, persist: str | None):
         self.run = self.traceable = run
         self.lazy_avals, self.out_tree = jax.tree_util.tree_flatten(out)
+        self.persist = persist  # what it computes, as text that reads the same in every process
 
 
 _fn_ops: dict[tuple, _FnOp] = {}
@@ -189,8 +192,20 @@ def _fn_op(fn, static: tuple, treedef, leaves: list) -> _FnOp:
             return jax.tree_util.tree_leaves(call(inputs))
 
         out = jax.eval_shape(call, [_aval(x) for x in leaves])
-        op = _fn_ops[key] = _FnOp(run, out)
+        persist = executable_cache.stable_text((_named(fn), _named(static), str(treedef), key[3]))
+        op = _fn_ops[key] = _FnOp(run, out, persist)
     return op
+
+
+def _named(value):
+    """`value` with its functions as their import names (module.qualname), for a persistent key;
+    a nested function or lambda stays itself, and its address makes the key unstable."""
+    if type(value) is tuple:
+        return tuple(_named(v) for v in value)
+    if callable(value) and not isinstance(value, type):
+        name = getattr(value, "__qualname__", "<")
+        return value if "<" in name else f"{value.__module__}.{name}"
+    return value
 
 
 def _reshape(shape, x):
@@ -203,6 +218,15 @@ def _read(geom, buf):
 
 def _write(geom, buf, value):
     return geo.write(buf, geom, jnp.broadcast_to(value, geom.sizes), platforms.shaped_buffers())
+
+
+def _update(fn, static, geoms, bufs, *args):
+    values = [[geo.read(b, g) for b, g in zip(bs, gs)] for bs, gs in zip(bufs, geoms)]
+    new = fn(*static, values, *args)
+    return [
+        [None if v is old else geo.write(b, g, v) for v, old, b, g in zip(vs, olds, bs, gs)]
+        for vs, olds, bs, gs in zip(new, values, bufs, geoms)
+    ]
 
 
 def _flat(dtype, value):
@@ -254,6 +278,20 @@ class _Recorder:
         buf = _raw_buffer(t)
         new = _Recorder.call(_write, (tensors.tensor_geometry(t, buf),), buf, value, device=t.device.index)
         _C._set_buffer(t, new, t.dtype, new.size)
+
+    @staticmethod
+    def update(fn, static: tuple, lists: list, *args, device: int) -> None:
+        """Records `fn(*static, values, *args)`, where `values` are the values of the tpu tensor
+        lists `lists`, and writes back the lists of new values it returns (one per tensor; the
+        very value read leaves its tensor as it was): the reads, the computation and the writes
+        are one recorded op, not one per tensor (an optimizer's fused step)."""
+        bufs = [[_raw_buffer(t) for t in ts] for ts in lists]
+        geoms = tuple(tuple(tensors.tensor_geometry(t, b) for t, b in zip(ts, bs)) for ts, bs in zip(lists, bufs))
+        new = _Recorder.call(_update, (fn, static, geoms), bufs, *args, device=device)
+        for ts, values in zip(lists, new):
+            for t, value in zip(ts, values):
+                if value is not None:
+                    _C._set_buffer(t, value, t.dtype, value.size)
 
     @staticmethod
     def wrap(value, device: int, dtype: torch.dtype) -> torch.Tensor:
@@ -336,8 +374,8 @@ def _replay(records: list, outputs: list[int]):
 
 
 def _leaf_key(x):
-    if isinstance(x, jax.Array):
-        return (x.shape, x.dtype, x.weak_type)
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):  # (a pending input's shape too)
+        return (tuple(x.shape), np.dtype(x.dtype), x.weak_type)
     return type(x)
 
 
@@ -362,21 +400,50 @@ def flush() -> None:
         what = f"the lazy graph of {len(trace.records)} ops"
         compiled = _executables.pop(key, None)
         if compiled is None:
-            with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
-                compiled = _compile(trace, outputs)
+            persist = _persist_key(trace, key)
+            found = executable_cache.load(persist)
+            if found is not None:
+                compiled = found[0]
+            else:
+                with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
+                    compiled = _compile(trace, outputs)
+                executable_cache.save(persist, compiled)
         else:
             metrics.bump("graph_cache_hits")
         _executables[key] = compiled
         if len(_executables) > MAX_EXECUTABLES:
             del _executables[next(iter(_executables))]
         with memory.out_of_memory_as_torch(trace.device, "running " + what):
-            flat = compiled(trace.leaves, trace.rngs)
+            flat = compiled(_device_numbers(trace), trace.rngs)
         metrics.bump("executions")
         metrics.bump("lazy_runs")
         for v, value in zip(outputs, flat):
             lazy = trace.values[v]()
             if lazy is not None:
                 lazy.value = value
+
+
+def _persist_key(trace: _Trace, key: tuple) -> str | None:
+    """The trace's persistent key: its in-memory key with each recorded op as its own persistent
+    text (an op entry's key, a recorded function's name and arguments), hashed; None if an op
+    has none (not persisted)."""
+    texts = []
+    for op, wiring, rng, _ in trace.records:
+        if op.persist is None:
+            return None
+        texts.append((op.persist, wiring, rng is not None))
+    body = repr((texts, *key[2:]))
+    return executable_cache.key_text("lazy", (trace.device, hashlib.sha256(body.encode()).hexdigest()))
+
+
+def _device_numbers(trace: _Trace) -> list:
+    """The trace's inputs with its Python numbers as cached weakly typed device scalars (what
+    jax makes of a number, without putting it on the device at every run: an optimizer step's
+    lr and bias corrections are a few values repeated in a list per parameter)."""
+    return [scalars.device_scalar(x, trace.device) if type(x) in _NUMBERS else x for x in trace.leaves]
+
+
+_NUMBERS = (bool, int, float)
 
 
 def _compile(trace: _Trace, outputs: list[int]):

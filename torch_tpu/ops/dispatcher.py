@@ -228,6 +228,7 @@ def make_kernel(
             loaded = entry is not None
             if not loaded:
                 entry = build(plan, lowering, call, bound, aliases, persist)
+            entry.persist = persist
             if plan.out_names and _resize_out_args(plan, bound, entry):
                 return kernel(*args, **kwargs)
             _cache.put(key, entry)

@@ -191,6 +191,7 @@ class Entry:
         "mutable_shapes",
         "mutable_specs",
         "out_tree",
+        "persist",
         "reads_precision",
         "run",
         "traceable",
@@ -207,6 +208,7 @@ class Entry:
         self.fresh_layout = _fresh_layout(fresh_meta)  # meta strides where the buffer is laid out with them
         self.mutable_shapes = mutable_shapes  # meta shapes of mutable args after the op
         self.out_tree = None
+        self.persist = None  # its persistent key (None: not persisted); a lazy trace's key holds it
         self.mutable_specs = None  # (dtype, length) of each new mutable-arg buffer, set when traced
         self.reads_precision = True  # the trace read the matmul precision (set when traced)
 

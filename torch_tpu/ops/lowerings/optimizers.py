@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import torch
 
 from torch_tpu import metrics
+from torch_tpu.ops import spmd, tensors
 from torch_tpu.ops.dtypes import to_opmath
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import to_jax, write_jax
@@ -35,6 +36,20 @@ def _value(t):
     if isinstance(t, torch.Tensor) and t.device.type == "tpu":
         return to_jax(t)
     return jnp.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, jnp.float32)
+
+
+def _recordable(lists, scalars) -> bool:
+    """While ops are recorded lazily (not under SPMD), a fused step records as one op too: an
+    eager run would first run everything recorded (the step's `state_steps += 1`), then itself."""
+    if tensors.lazy is None or spmd.layer is not None:
+        return False
+    every = [t for ts in lists for t in ts] + [t for t in scalars if isinstance(t, torch.Tensor)]
+    return all(t.device.type == "tpu" and not t.is_conj() and not t.is_neg() for t in every)
+
+
+def _record(step: executable_cache.Jit, static: tuple, lists, scalars, device: int) -> None:
+    values = [tensors.lazy.read(t) if isinstance(t, torch.Tensor) else t for t in scalars]
+    tensors.lazy.update(step.fn, static, lists, *values, device=device)
 
 
 def _write_lists(lists, values):
@@ -91,6 +106,9 @@ def fused_sgd_(
         return
     lists = (self, grads, momentum_buffer_list)
     static = (weight_decay, momentum, dampening, nesterov, maximize, is_first_step)
+    if _recordable(lists, (lr, grad_scale, found_inf)):
+        _record(_fused_sgd_step, (static,), lists, (lr, grad_scale, found_inf), self[0].device.index)
+        return
     values = _fused_sgd_step(
         static, [[to_jax(t) for t in ts] for ts in lists], _value(lr), _value(grad_scale), _value(found_inf)
     )
@@ -144,6 +162,10 @@ def _run_fused_adam(
     if not self:
         return
     lists = (self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
+    if _recordable((*lists, state_steps), (lr, grad_scale, found_inf)):
+        scalars = (lr, grad_scale, found_inf)
+        _record(_fused_adam_step, (decoupled, static), (*lists, state_steps), scalars, self[0].device.index)
+        return
     read = [[to_jax(t) for t in ts] for ts in lists] + [[_value(t) for t in state_steps]]
     values = _fused_adam_step(decoupled, static, read, _value(lr), _value(grad_scale), _value(found_inf))
     _write_lists(lists, values)
