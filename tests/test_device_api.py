@@ -125,7 +125,7 @@ def test_memory_stats_nested_and_accumulated_reset():
 
 def test_memory_snapshot_lists_live_buffers():
     x = torch.ones(1000, device="tpu")
-    y = torch.ones(10, device="tpu:1") if torch.tpu.device_count() > 1 else x
+    y = torch.ones(10, device="tpu:1" if torch.tpu.device_count() > 1 else "tpu:0")
     segments = {s["address"]: s for s in torch.tpu.memory_snapshot()}
     segment = segments[x.data_ptr()]
     assert segment["device"] == 0 and segment["total_size"] == 4000
