@@ -343,7 +343,10 @@ def merge(paths: list[str], out: pathlib.Path) -> int:
     merged: dict = {"parts": {}, "runs": []}
     for path in paths:
         run = json.loads(pathlib.Path(path).read_text())
-        merged["runs"].append({"date": run["date"], "commit": run["commit"], "parts": sorted(run["parts"])})
+        runs = run.get("runs") or [{"date": run["date"], "commit": run["commit"], "parts": sorted(run["parts"])}]
+        for earlier in merged["runs"]:  # a later run's part replaces an earlier one's
+            earlier["parts"] = [p for p in earlier["parts"] if p not in run["parts"]]
+        merged["runs"] = [r for r in merged["runs"] if r["parts"]] + runs
         merged["parts"].update(run["parts"])
         merged["date"], merged["commit"] = run["date"], run["commit"]
     out.mkdir(parents=True, exist_ok=True)
