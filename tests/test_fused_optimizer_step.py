@@ -284,3 +284,33 @@ def test_grad_scaler_with_fused_kernels_matches_the_unfused_step(name, monkeypat
     assert _counters()["fused_optimizer_steps"] == 3  # the kernel skips the inf step on the device
     monkeypatch.setenv(FUSE, "0")
     _assert_same_state(opt, _scaled_steps(make), **platform_tol({}))
+
+
+def test_a_fused_step_donates_the_buffers_it_overwrites(monkeypatch):
+    """Where no host view may hold an array (TPU; here TPU's buffer layout), the fused step hands
+    the parameters and state it overwrites to XLA instead of keeping old and new values live at
+    once; a tensor that still holds an old value (a clone sharing its array) keeps it."""
+    monkeypatch.setenv("TORCH_TPU_SHAPED_BUFFERS", "1")
+    cpu = _model()
+    tpu = _model().to("tpu")
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_tpu = torch.optim.AdamW(tpu.parameters(), lr=1e-2, weight_decay=0.1)
+    x = torch.randn(4, 8)
+    donated = []
+    for step in range(3):
+        for model, opt, device in ((cpu, opt_cpu, "cpu"), (tpu, opt_tpu, "tpu")):
+            model(x.to(device)).square().mean().backward()
+        kept = torch._lazy_clone(tpu[0].weight.detach())  # shares the weight's array (copy on write)
+        before = kept.cpu()
+        torch_tpu.metrics.reset()
+        for opt in (opt_cpu, opt_tpu):
+            opt.step()
+            opt.zero_grad()
+        torch_tpu.sync()
+        donated.append(torch_tpu.metrics.counters().get("donated_buffers", 0))
+        assert torch.equal(kept.cpu(), before)
+    for a, b in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(a.cpu(), b)
+    # from the second step on, every parameter (less the cloned one) and both AdamW states per parameter
+    n = len(list(tpu.parameters()))
+    assert donated[1] == donated[2] == 3 * n - 1, donated

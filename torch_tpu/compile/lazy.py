@@ -24,8 +24,10 @@ therefore runs one cached executable.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
+import sys
 import threading
 import time
 import weakref
@@ -390,12 +392,14 @@ def flush() -> None:
         outputs = [v for v, ref in enumerate(trace.values) if ref() is not None]
         if not outputs:
             return
+        donated = _donatable(trace, outputs)
         key = (
             trace.device,
             tuple((entry, wiring, rng is not None) for entry, wiring, rng, _ in trace.records),
             tuple(outputs),
             tuple(_leaf_key(x) for x in trace.leaves),
             len(trace.rngs),
+            donated,
         )
         what = f"the lazy graph of {len(trace.records)} ops"
         compiled = _executables.pop(key, None)
@@ -406,16 +410,18 @@ def flush() -> None:
                 compiled = found[0]
             else:
                 with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
-                    compiled = _compile(trace, outputs)
+                    compiled = _compile(trace, outputs, donated)
                 executable_cache.save(persist, compiled)
         else:
             metrics.bump("graph_cache_hits")
         _executables[key] = compiled
         if len(_executables) > MAX_EXECUTABLES:
             del _executables[next(iter(_executables))]
+        given, kept = _split(_device_numbers(trace), donated)
         with memory.out_of_memory_as_torch(trace.device, "running " + what):
-            flat = compiled(_device_numbers(trace), trace.rngs)
+            flat = compiled(given, kept, trace.rngs)
         metrics.bump("executions")
+        metrics.bump("donated_buffers", len(donated))
         metrics.bump("lazy_runs")
         for v, value in zip(outputs, flat):
             lazy = trace.values[v]()
@@ -446,12 +452,55 @@ def _device_numbers(trace: _Trace) -> list:
 _NUMBERS = (bool, int, float)
 
 
-def _compile(trace: _Trace, outputs: list[int]):
+def _donatable(trace: _Trace, outputs: list[int]) -> tuple[int, ...]:
+    """Positions of the leaves the trace may hand to XLA: arrays nothing else holds any more
+    (their storages were overwritten while recording: an optimizer step's parameters and state),
+    each matched to an output of its shape and dtype that can take its memory over. Without
+    it the old and the new values of every parameter and state tensor are live at once."""
+    if not platforms.donates_buffers():
+        return ()
+    free: collections.Counter = collections.Counter()
+    for v in outputs:
+        value = trace.values[v]()
+        if value is not None:
+            free[(value.shape, np.dtype(value.dtype))] += 1
+    donated = []
+    leaves = trace.leaves
+    for k in range(len(leaves)):
+        x = leaves[k]
+        # held by trace.leaves, `x` and getrefcount's argument only: no storage reads it again
+        if isinstance(x, jax.Array) and sys.getrefcount(x) <= 3:
+            aval = (tuple(x.shape), np.dtype(x.dtype))
+            if free[aval] > 0:
+                free[aval] -= 1
+                donated.append(k)
+    return tuple(donated)
+
+
+def _split(leaves: list, donated: tuple[int, ...]) -> tuple[list, list]:
+    """(the donated leaves, the others), each in order."""
+    given = set(donated)
+    return [leaves[k] for k in donated], [x for k, x in enumerate(leaves) if k not in given]
+
+
+def _compile(trace: _Trace, outputs: list[int], donated: tuple[int, ...]):
     sharding = jax.sharding.SingleDeviceSharding(client.jax_device(trace.device))
-    jitted = jax.jit(_replay(trace.records, outputs), out_shardings=sharding)
+    replay = _replay(trace.records, outputs)
+    n, given = len(trace.leaves), set(donated)
+    kept = [k for k in range(n) if k not in given]
+
+    def fn(donated_leaves, kept_leaves, rngs):
+        leaves: list = [None] * n
+        for k, x in zip(donated, donated_leaves):
+            leaves[k] = x
+        for k, x in zip(kept, kept_leaves):
+            leaves[k] = x
+        return replay(leaves, rngs)
+
+    jitted = jax.jit(fn, out_shardings=sharding, donate_argnums=(0,) if donated else ())
     start = time.perf_counter()
     loaded_before = metrics.counters()["persistent_cache_hits"]
-    lowered = jitted.lower(trace.leaves, trace.rngs)
+    lowered = jitted.lower(*_split(trace.leaves, donated), trace.rngs)
     compiled = compile_options.compile_lowered(lowered, compile_options.DEFAULT)
     seconds = time.perf_counter() - start
     metrics.record_compile("graph", seconds)

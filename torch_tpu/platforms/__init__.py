@@ -49,6 +49,13 @@ def shaped_buffers() -> bool:
     return name() != "cpu"
 
 
+def donates_buffers() -> bool:
+    """Whether a lazy trace hands the buffers it overwrites to XLA (donation): wherever no host
+    view may hold an array behind the trace's back, i.e. except on the CPU client's host tier
+    (flat buffers), where memory is host memory and a donation would save nothing."""
+    return not (host_memory_buffers() and not shaped_buffers())
+
+
 def kernels_compile() -> bool:
     """Whether Pallas kernels compile with Mosaic (TPU); elsewhere Pallas interprets them, an
     emulator for testing (kernels/_pallas.py)."""
