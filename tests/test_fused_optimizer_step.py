@@ -297,8 +297,8 @@ def test_a_fused_step_donates_the_buffers_it_overwrites(monkeypatch):
     opt_tpu = torch.optim.AdamW(tpu.parameters(), lr=1e-2, weight_decay=0.1)
     x = torch.randn(4, 8)
     donated = []
-    for step in range(3):
-        for model, opt, device in ((cpu, opt_cpu, "cpu"), (tpu, opt_tpu, "tpu")):
+    for _ in range(3):
+        for model, device in ((cpu, "cpu"), (tpu, "tpu")):
             model(x.to(device)).square().mean().backward()
         kept = torch._lazy_clone(tpu[0].weight.detach())  # shares the weight's array (copy on write)
         before = kept.cpu()
