@@ -9,7 +9,9 @@
 # --site DIR          install with `pip --target DIR` and append DIR to PYTHONPATH (hosts whose
 #                     Python environment is read-only); default: the current environment
 # --pip-args "ARGS"   where torch and the test extras come from (e.g. "--index-url URL" or
-#                     "--no-index --find-links DIR"); default: pip's own configuration
+#                     "--no-index --find-links DIR"); default: pip's own configuration. A host
+#                     whose index lacks a version the tests need (accelerate >= 1.16) takes
+#                     its wheel from one more "--find-links DIR" (pip installs the newest)
 # --skip-install      use what is installed
 # LANE ARGS           passed to ci/tpu/lane.py (--parts, --out, --commit, ...; see its --help)
 #
