@@ -225,8 +225,9 @@ def _write(geom, buf, value):
 def _update(fn, static, geoms, bufs, *args):
     values = [[geo.read(b, g) for b, g in zip(bs, gs)] for bs, gs in zip(bufs, geoms)]
     new = fn(*static, values, *args)
+    shaped = platforms.shaped_buffers()
     return [
-        [None if v is old else geo.write(b, g, v) for v, old, b, g in zip(vs, olds, bs, gs)]
+        [None if v is old else geo.write(b, g, v, shaped) for v, old, b, g in zip(vs, olds, bs, gs)]
         for vs, olds, bs, gs in zip(new, values, bufs, geoms)
     ]
 
