@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/core/Storage.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
@@ -44,6 +45,11 @@ class DeviceBuffer {
   // The array's shape where its dtype and numel are known (empty otherwise): flat {numel}, or
   // the shape of the tensor that wrote it. Keys of executables that read the buffer hold it.
   const std::vector<int64_t>& array_shape() const { return array_shape_; }
+  // Whether the array has exactly the shape `sizes` (a tensor that is its whole buffer reads it
+  // without a reshape).
+  bool has_shape(c10::IntArrayRef sizes) const {
+    return array_shape_.size() == sizes.size() && std::equal(array_shape_.begin(), array_shape_.end(), sizes.begin());
+  }
 
   // The value as a flat CPU tensor over the buffer's host memory (the host tier, on the CPU
   // client): the value the host tier computed, or a view of the array, made on first use and

@@ -404,11 +404,9 @@ class OpState {
       return false;
     }
     const at::ScalarType dtype = t.scalar_type();
-    const std::vector<int64_t>& held = buffer.array_shape();
-    const auto sizes = t.sizes();
     if (!t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && view.offset == 0 &&
         buffer.array_dtype() == dtype && buffer.array_numel() == t.numel() && t.is_contiguous() &&
-        held.size() == sizes.size() && std::equal(held.begin(), held.end(), sizes.begin())) {
+        buffer.has_shape(t.sizes())) {
       key += 't';  // the whole buffer, in its own shape
       append(key, static_cast<int8_t>(dtype));
       append(key, static_cast<int8_t>(t.dim()));
@@ -424,7 +422,8 @@ class OpState {
       key += 'g';
       append(key, static_cast<int8_t>(dtype));
       append(key, static_cast<int8_t>(buffer.array_dtype()));
-      append(key, static_cast<int8_t>(held.size()));  // the buffer's shape: flat, or a tensor's
+      const std::vector<int64_t>& held = buffer.array_shape();  // flat, or a tensor's shape
+      append(key, static_cast<int8_t>(held.size()));
       for (int64_t s : held) {
         append(key, s);
       }

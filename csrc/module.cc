@@ -6,7 +6,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,11 +77,10 @@ py::object arg_info(const py::handle& obj) {
     }
     py::object dtype =
         py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
-    const std::vector<int64_t>& held = buffer.array_shape();
-    if (held.size() == sizes.size() && std::equal(held.begin(), held.end(), sizes.begin())) {
+    if (buffer.has_shape(sizes)) {
       key = py::make_tuple(shape, dtype);
     } else {  // the buffer holds the value in another shape (flat): the executable reads it so
-      key = py::make_tuple(shape, dtype, py::tuple(py::cast(held)));
+      key = py::make_tuple(shape, dtype, py::tuple(py::cast(buffer.array_shape())));
     }
   }
   return py::make_tuple(static_cast<int>(t.device().index()), array, key);
