@@ -65,6 +65,21 @@ def to_cpu(x):
     return x
 
 
+def graph_runners(monkeypatch) -> list:
+    """The GraphRunners (compiled graphs) built from now on, captured as they are made."""
+    from torch_tpu.compile import graph
+
+    runners = []
+    init = graph.GraphRunner.__init__
+
+    def capture(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        runners.append(self)
+
+    monkeypatch.setattr(graph.GraphRunner, "__init__", capture)
+    return runners
+
+
 def assert_no_fallbacks() -> None:
     """Fails if any op fell back to CPU since the last torch_tpu.metrics.reset()."""
     fallbacks = torch_tpu.metrics.counters()["cpu_fallback_ops"]

@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional as F
 
 import torch_tpu
+from tests.helpers import graph_runners
 from torch_tpu.compile import graph
 from torch_tpu.ops import deferred_checks
 
@@ -113,25 +114,12 @@ def test_target_message_names_the_bad_target():
         torch_tpu.sync()  # where checks are deferred, they report here
 
 
-def _captured(monkeypatch) -> list:
-    """The compiled segments' executables, captured as GraphRunners are built."""
-    runners = []
-    init = graph.GraphRunner.__init__
-
-    def capture(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        runners.append(self)
-
-    monkeypatch.setattr(graph.GraphRunner, "__init__", capture)
-    return runners
-
-
 def _executables(runners) -> list:
     return [exe for r in runners for s in r.steps if isinstance(s, graph.Segment) for exe in s.executables.values()]
 
 
 def test_graph_without_checked_ops_has_no_extra_outputs(monkeypatch):
-    runners = _captured(monkeypatch)
+    runners = graph_runners(monkeypatch)
     compiled = torch.compile(lambda x, y: torch.relu(x @ y + 1).sum(0), backend="tpu")
     x = torch.randn(4, 4)
     args = _tpu((x, x))
@@ -146,7 +134,7 @@ def test_graph_without_checked_ops_has_no_extra_outputs(monkeypatch):
 
 def test_checked_graph_reads_its_verdicts_at_once_on_the_cpu_client(monkeypatch):
     monkeypatch.delenv("TORCH_TPU_DEFERRED_CHECKS", raising=False)
-    runners = _captured(monkeypatch)
+    runners = graph_runners(monkeypatch)
     fn, valid, _ = CASES["gather"]
     compiled = torch.compile(fn, backend="tpu")
     args = _tpu(valid)

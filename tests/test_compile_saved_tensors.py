@@ -8,24 +8,11 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu  # noqa: F401
-from torch_tpu.compile import graph
-
-
-def _forward_saved(monkeypatch) -> list:
-    """Fake values of the compiled forward graphs' outputs, captured as GraphRunners are built."""
-    runners = []
-    init = graph.GraphRunner.__init__
-
-    def capture(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        runners.append(self)
-
-    monkeypatch.setattr(graph.GraphRunner, "__init__", capture)
-    return runners
+from tests.helpers import graph_runners
 
 
 def test_autocast_cross_entropy_keeps_no_float32_log_probs(monkeypatch):
-    runners = _forward_saved(monkeypatch)
+    runners = graph_runners(monkeypatch)
     torch.manual_seed(0)
     eager = torch.nn.Linear(16, 96).to("tpu")
     tpu = torch.nn.Linear(16, 96).to("tpu")
