@@ -100,3 +100,25 @@ def torch_tpu_py_tests(srcs = None, data = [], shard_count = {}, tags = {}, env 
             tags = tags.get(src, []),
             **kwargs
         )
+
+def torch_tpu_py_test_reruns(tests, env = {}, python = None):
+    """Files of //tests run again in another setting: one target per file, named after it.
+
+    Args:
+      tests: {"test_x": pytest_args}: the //tests files (without .py), each with the arguments
+        after its file (e.g. ["-k", "llama"], or []).
+      env: environment added to TORCH_TPU_TEST_ENV (e.g. TPU's buffer layout).
+      python: an interpreter target instead of @python_env's (e.g. another torch version's).
+    """
+    for name, pytest_args in tests.items():
+        torch_tpu_py_test(
+            name = name,
+            srcs = ["//tests:%s.py" % name],
+            data = [
+                "//:examples",
+                "//tests:support",
+            ],
+            env = env,
+            pytest_args = pytest_args,
+            python = python,
+        )
