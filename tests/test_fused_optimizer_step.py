@@ -9,6 +9,7 @@ from torch import nn
 
 import torch_tpu
 from tests.helpers import platform_tol
+from torch_tpu import platforms
 
 FUSE = "TORCH_TPU_FUSE_OPTIMIZER"
 
@@ -290,7 +291,7 @@ def test_a_fused_step_donates_the_buffers_it_overwrites(monkeypatch):
     """Where no host view may hold an array (TPU; here TPU's buffer layout), the fused step hands
     the parameters and state it overwrites to XLA instead of keeping old and new values live at
     once; a tensor that still holds an old value (a clone sharing its array) keeps it."""
-    monkeypatch.setenv("TORCH_TPU_SHAPED_BUFFERS", "1")
+    monkeypatch.setattr(platforms, "shaped_buffers", lambda: True)  # TORCH_TPU_SHAPED_BUFFERS=1, for this test
     cpu = _model()
     tpu = _model().to("tpu")
     opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2, weight_decay=0.1)

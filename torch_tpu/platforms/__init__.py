@@ -17,6 +17,7 @@ client. See docs/architecture.md, "The platform boundary".
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -37,12 +38,14 @@ def host_memory_buffers() -> bool:
     return name() == "cpu"
 
 
+@functools.cache
 def shaped_buffers() -> bool:
     """Whether an op's or a graph's fresh buffer keeps its tensor's shape instead of being flat:
     on TPU, where reshaping between a flat and an N-D array is a relayout copy through HBM (at
     every op and graph boundary, for every parameter, gradient and activation). On the CPU
     client the reshape is free and buffers stay flat; TORCH_TPU_SHAPED_BUFFERS=1 or 0 decides
-    elsewise (tests run TPU's layout on the CPU client with it)."""
+    elsewise (tests run TPU's layout on the CPU client with it). Decided once per process: the
+    host tier asks at every op."""
     setting = os.environ.get("TORCH_TPU_SHAPED_BUFFERS", "").strip()
     if setting:
         return setting not in ("0", "false", "no", "off")
