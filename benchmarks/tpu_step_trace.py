@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import faulthandler
+import gc
 import glob
 import json
 import pathlib
@@ -135,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         summary[mode] = {"wall_ms_per_step": wall_ms, "planes": planes, "setup_s": time.perf_counter() - start}
         runner.close()
         del runner
-        import gc
-
         gc.collect()
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\nwritten to {out}")
