@@ -1,7 +1,8 @@
-"""A whole training step under torch.compile, optimizer included, with AdamW's default
-capturable=False (its step counters are CPU tensors): the counters and bias corrections run on
-the host with PyTorch, so a steady step makes no host transfer (no step count sent over and read
-back, a sync each, per parameter), runs nothing eagerly on the device, and matches CPU."""
+"""A whole training step under torch.compile, optimizer included. An optimizer whose state dynamo
+creates keeps its step counters on tpu (compile/optimizer_capturable.py, as dynamo does for
+CUDA): the update is one executable, with no host scalar per parameter. One stepped eagerly
+first has AdamW's default CPU counters when dynamo first sees it. Either way a steady step makes
+no host transfer, runs nothing eagerly on the device, and matches CPU."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
 
 
-def _train(model, device: str, steps: int, compiled: bool, counters: list | None = None):
+def _train(model, device: str, steps: int, compiled: bool, counters: list | None = None, eager_first: bool = False):
     model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).to(device)
@@ -29,10 +30,12 @@ def _train(model, device: str, steps: int, compiled: bool, counters: list | None
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    losses = []
+    if eager_first:
+        losses.append(step().detach())
     if compiled:
         step = torch.compile(step, backend="tpu")
-    losses = []
-    for i in range(steps):
+    for i in range(len(losses), steps):
         if counters is not None and i == steps - 1:
             torch_tpu.sync()
             torch_tpu.metrics.reset()
@@ -43,10 +46,10 @@ def _train(model, device: str, steps: int, compiled: bool, counters: list | None
     return [loss.item() for loss in losses], model, optimizer
 
 
-def test_a_compiled_step_keeps_cpu_optimizer_counters_on_the_host(fresh_dynamo):
+def _check_steady_step_and_cpu_match(eager_first: bool) -> tuple[dict, torch.optim.Optimizer]:
     counters: list = []
     base = _model()
-    losses, model, optimizer = _train(copy.deepcopy(base), "tpu", 4, compiled=True, counters=counters)
+    losses, model, optimizer = _train(copy.deepcopy(base), "tpu", 4, True, counters, eager_first)
     cpu_losses, cpu_model, cpu_optimizer = _train(copy.deepcopy(base), "cpu", 4, compiled=False)
     steady = counters[0]
     assert steady["host_transfers"] == 0, steady
@@ -55,4 +58,16 @@ def test_a_compiled_step_keeps_cpu_optimizer_counters_on_the_host(fresh_dynamo):
     for p, p_cpu in zip(model.parameters(), cpu_model.parameters()):
         torch.testing.assert_close(p.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
         step, cpu_step = optimizer.state[p]["step"], cpu_optimizer.state[p_cpu]["step"]
-        assert step.device.type == "cpu" and step.item() == cpu_step.item() == 4
+        assert step.item() == cpu_step.item() == 4
+    return steady, optimizer
+
+
+def test_a_compiled_step_keeps_the_optimizer_on_the_device(fresh_dynamo):
+    steady, optimizer = _check_steady_step_and_cpu_match(eager_first=False)
+    assert all(state["step"].device.type == "tpu" for state in optimizer.state.values())
+    # forward, backward's seed gradient (autograd's ones_like), backward, the whole AdamW update
+    assert steady["executions"] == 4, steady
+
+
+def test_an_optimizer_stepped_eagerly_first_still_matches_cpu(fresh_dynamo):
+    _check_steady_step_and_cpu_match(eager_first=True)

@@ -178,9 +178,10 @@ def register() -> None:
     for module in _SKIPPED_MODULES:
         trace_rules.add(module)
     torch._dynamo.register_backend(tpu_backend, name="tpu")
-    from torch_tpu.compile import inductor_route
+    from torch_tpu.compile import inductor_route, optimizer_capturable
 
     inductor_route.install()
+    optimizer_capturable.install()
     _registered = True
 
 
