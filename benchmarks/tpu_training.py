@@ -19,13 +19,17 @@ timed steps run round-robin across modes when all modes' weights and AdamW state
 (`--interleave auto`: at most a quarter of the device's memory; the GPT's do not on a 16 GiB chip,
 so its modes run one after another). A mode that runs out of memory is reported as OOM and freed.
 
-Peak HBM is PJRT's (jax.Device.memory_stats), over a mode's setup and warmup steps, less the bytes
-in use before its setup. PJRT's peak cannot be reset: where it rose during the mode the figure is
-exact; otherwise it is the largest `bytes_in_use` seen by a thread sampling every millisecond,
-shown as "~". Ops compiled by an earlier mode of the same process are reused by later ones, so
-mode order matters for the first step (`--modes` sets it). torch_tpu's persistent compile cache
-is a fresh directory unless `--cache-dir` names one (jax's own is off under torch_tpu), so first
-steps are cold for both sides.
+Peak HBM is the buffers' peak plus the largest XLA temporary allocation of the mode's executables
+(the same upper bound for both sides). The buffers' peak is PJRT's (jax.Device.memory_stats),
+over a mode's setup and warmup steps, less the bytes in use before its setup. PJRT's peak cannot
+be reset: where it rose during the mode the figure is exact; otherwise it is the largest
+`bytes_in_use` seen by a thread sampling every millisecond, shown as "~". TPU's PJRT stats do
+not count an executable's temporaries (a jax step's activations and gradients live there): they
+come from XLA's memory analysis, of jax's step and, for torch_tpu, of its compiled graphs and
+lazy traces (torch.tpu.memory_stats()["xla_temp_bytes.all.peak"]). Ops compiled by an earlier
+mode of the same process are reused by later ones, so mode order matters for the first step
+(`--modes` sets it). torch_tpu's persistent compile cache is a fresh directory unless
+`--cache-dir` names one (jax's own is off under torch_tpu), so first steps are cold for both sides.
 
 On a TPU with ~10 minutes per command, run one group per command and merge:
     --models gpt --batches 4 --json b4.json; --models gpt --batches 8 --json b8.json;
@@ -154,6 +158,7 @@ class JaxRunner:
             return p, m, v, count, bufs, value
 
         self._step = jax.jit(train_step, donate_argnums=(0, 1, 2, 3, 4))
+        self._compiled = None  # compiled at the first step (timed), kept for its memory analysis
         params = jax.device_put(params)
         zeros = jax.tree.map(jnp.zeros_like, params)
         self.state = [params, zeros, jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32)]
@@ -165,9 +170,15 @@ class JaxRunner:
         return self.jax.block_until_ready(batch)
 
     def step(self, batch: tuple) -> float:
-        *self.state, loss = self._step(*self.state, *batch)
+        if self._compiled is None:
+            self._compiled = self._step.lower(*self.state, *batch).compile()
+        *self.state, loss = self._compiled(*self.state, *batch)
         self.jax.block_until_ready(self.state)
         return float(loss)
+
+    def temp_bytes(self) -> int:
+        """XLA's temporaries of the step (activations, gradients): PJRT's stats do not count them."""
+        return int(self._compiled.memory_analysis().temp_size_in_bytes) if self._compiled is not None else 0
 
     def close(self) -> None:
         self.__dict__.clear()
@@ -347,15 +358,26 @@ class Group:
             failed = _failure(mode, error)
         finally:
             if tpu:
-                row["peak_hbm_bytes"], row["peak_hbm_exact"] = self.watch.stop()
-                if mode != "jax":
+                buffers, row["peak_hbm_exact"] = self.watch.stop()
+                if mode == "jax":
+                    jax_runner = self.runners.get(mode)
+                    temp = jax_runner.temp_bytes() if isinstance(jax_runner, JaxRunner) else 0
+                else:
                     row["torch_peak_live_bytes"] = torch.tpu.max_memory_allocated() - live_before
+                    temp = torch.tpu.memory_stats().get("xla_temp_bytes.all.peak", 0)
+                row["peak_buffer_bytes"], row["xla_temp_bytes"] = buffers, temp
+                row["peak_hbm_bytes"] = None if buffers is None else buffers + temp
         if failed:
             row["status"] = failed
             self._drop(mode)
             return
         hbm = row.get("peak_hbm_bytes")
-        hbm_text = f", peak HBM {'' if row['peak_hbm_exact'] else '~'}{hbm / GIB:.2f} GiB" if hbm is not None else ""
+        hbm_text = (
+            f", peak HBM {'' if row['peak_hbm_exact'] else '~'}{hbm / GIB:.2f} GiB "
+            f"(buffers {row['peak_buffer_bytes'] / GIB:.2f} + XLA temporaries {row['xla_temp_bytes'] / GIB:.2f})"
+            if hbm is not None
+            else ""
+        )
         warm = " ".join(f"{s:.2f}" for s in row["warmup_s"])
         compiles = row["first_step_counters"]["xla_compiles"]
         print(
@@ -544,10 +566,11 @@ def _report(runs: list[dict], rows: list[dict], tolerance: float) -> tuple[str, 
     for formula in dict.fromkeys(f for run in runs for f in run["workloads"]):
         notes.append(f"  {formula}")
     notes.append(
-        "MFU: model FLOPs / median step time / peak bf16 FLOP/s. Peak HBM: PJRT's bytes over the mode's "
-        "setup and warmup less those in use before it (exact, or '~' sampled every 1 ms where PJRT's "
-        "high-water mark did not rise). Ratios are to jax in the same run: speed and first step as time ratios "
-        "(speed = jax step / mode step)."
+        "MFU: model FLOPs / median step time / peak bf16 FLOP/s. Peak HBM: PJRT's buffer bytes over the "
+        "mode's setup and warmup less those in use before it (exact, or '~' sampled every 1 ms where PJRT's "
+        "high-water mark did not rise), plus the largest XLA temporary allocation of its executables "
+        "(jax's step; torch_tpu's graphs and lazy traces). Ratios are to jax in the same run: speed and "
+        "first step as time ratios (speed = jax step / mode step)."
     )
     failures = [f"  {r['model']} {r['shape']} {r['mode']}: {r['status']}" for r in rows if r["status"] != "ok"]
     if failures:

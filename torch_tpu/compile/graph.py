@@ -211,10 +211,11 @@ class _Input:
 
 
 class _Executable:
-    __slots__ = ("check_errors", "checks", "compiled", "donated", "mutation_specs", "out_templates")
+    __slots__ = ("check_errors", "checks", "compiled", "donated", "mutation_specs", "out_templates", "temp_bytes")
 
     def __init__(self):
         self.compiled = None
+        self.temp_bytes = 0  # XLA's temporaries (device/memory.py: note_temp_bytes)
         self.donated: tuple[int, ...] = ()
         self.out_templates: list = []
         self.mutation_specs: list = []
@@ -314,6 +315,7 @@ class Segment:
             donation.guard(dyn, exe.donated)
         with memory.out_of_memory_as_torch(device, f"running the compiled graph {self.name}"):
             flat = exe.compiled(*dyn)
+        memory.note_temp_bytes(device or 0, exe.temp_bytes)
         metrics.bump("executions")
         if exe.checks:
             deferred_checks.check(flat[-1], _check_errors(exe), f"the compiled graph {self.name}")
@@ -373,6 +375,7 @@ class Segment:
             metrics.record_compile("graph", seconds)
             metrics.bump("graph_compiles")
             debug.log("compile", f"{self.name}: {len(self.nodes)} nodes in {seconds:.3f} s")
+        exe.temp_bytes = memory.temp_bytes_of(exe.compiled)
         self.executables[signature] = exe
         self._last_signature = signature
         return exe

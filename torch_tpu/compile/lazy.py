@@ -104,7 +104,7 @@ class _Trace:
 
 _lock = threading.RLock()
 _trace: _Trace | None = None
-_executables: dict[tuple, object] = {}
+_executables: dict[tuple, tuple[object, int]] = {}  # key -> (executable, XLA temporary bytes)
 _enabled = False
 _installed = False
 
@@ -403,7 +403,7 @@ def flush() -> None:
             donated,
         )
         what = f"the lazy graph of {len(trace.records)} ops"
-        compiled = _executables.pop(key, None)
+        compiled, temp_bytes = _executables.pop(key, (None, 0))
         if compiled is None:
             persist = _persist_key(trace, key)
             found = executable_cache.load(persist)
@@ -413,14 +413,16 @@ def flush() -> None:
                 with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
                     compiled = _compile(trace, outputs, donated)
                 executable_cache.save(persist, compiled)
+            temp_bytes = memory.temp_bytes_of(compiled)
         else:
             metrics.bump("graph_cache_hits")
-        _executables[key] = compiled
+        _executables[key] = (compiled, temp_bytes)
         if len(_executables) > MAX_EXECUTABLES:
             del _executables[next(iter(_executables))]
         given, kept = _split(_device_numbers(trace), donated)
         with memory.out_of_memory_as_torch(trace.device, "running " + what):
             flat = compiled(given, kept, trace.rngs)
+        memory.note_temp_bytes(trace.device, temp_bytes)
         metrics.bump("executions")
         metrics.bump("donated_buffers", len(donated))
         metrics.bump("lazy_runs")

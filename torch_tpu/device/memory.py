@@ -8,6 +8,11 @@ TORCH_TPU_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix, for every device). XLA'
 RESOURCE_EXHAUSTED errors (an executable's outputs or temporaries, a transfer, a compile)
 become torch.OutOfMemoryError too (out_of_memory_as_torch). Buffers are freed when their last
 tensor dies (no caching allocator), so "reserved" equals "allocated".
+
+An executable's XLA temporaries (a compiled step's activations and gradients live there) are
+no tpu storage, and TPU's PJRT stats do not count them either: memory_stats() reports the
+largest of a compiled graph or lazy trace run since the last reset as "xla_temp_bytes.all.peak"
+(note_temp_bytes), so a peak can be told in full: storages' peak plus that.
 """
 
 from __future__ import annotations
@@ -22,6 +27,23 @@ from torch_tpu import _C
 from torch_tpu._units import format_bytes, parse_bytes
 from torch_tpu.device.devices import DeviceLike, _memory_index
 from torch_tpu.runtime import client
+
+# Device index -> the largest XLA temporary allocation of an executable run since the last reset.
+_peak_temp_bytes: dict[int, int] = {}
+
+
+def temp_bytes_of(compiled) -> int:
+    """XLA's temporary allocation of a compiled executable (0 where it does not say)."""
+    try:
+        return int(compiled.memory_analysis().temp_size_in_bytes)
+    except Exception:  # an executable without a memory analysis
+        return 0
+
+
+def note_temp_bytes(index: int, nbytes: int) -> None:
+    """Records that an executable with `nbytes` of temporaries ran on device `index`."""
+    if nbytes > _peak_temp_bytes.get(index, 0):
+        _peak_temp_bytes[index] = nbytes
 
 
 def runtime_stats(index: int) -> dict[str, int]:
@@ -162,6 +184,7 @@ def memory_stats(device: DeviceLike = None) -> collections.OrderedDict[str, int]
     stats["num_alloc_retries"] = 0
     cap = limit(index)
     stats["limit_bytes"] = -1 if cap is None else cap
+    stats["xla_temp_bytes.all.peak"] = _peak_temp_bytes.get(index, 0)
     for key, value in runtime_stats(index).items():
         stats[f"device.{key}"] = value
     return collections.OrderedDict(sorted(stats.items()))
@@ -184,7 +207,9 @@ def max_memory_reserved(device: DeviceLike = None) -> int:
 
 
 def reset_peak_memory_stats(device: DeviceLike = None) -> None:
-    _C._reset_peak_memory_stats(_memory_index(device))
+    index = _memory_index(device)
+    _C._reset_peak_memory_stats(index)
+    _peak_temp_bytes.pop(index, None)
 
 
 def reset_max_memory_allocated(device: DeviceLike = None) -> None:
