@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tpu
 from examples.mingpt.model import GPT, GPTConfig
+from torch_tpu.ops import autocast_linear
 from torch_tpu.ops.lowerings import linalg
 from torch_tpu.testing.models import TINY_LLAMA
 
@@ -134,7 +135,14 @@ def test_policy_lists(dtype):
         assert (a @ b).dtype == torch.float32
 
 
-def test_mlp_dtypes_match_cpu_op_by_op():
+@pytest.fixture
+def unfused_linear(monkeypatch):
+    """Autocast's linear as its casts and product, the ops CPU's log lists (the fused op's own
+    results are tests/test_autocast_linear.py's)."""
+    monkeypatch.setattr(autocast_linear, "FUSED", False)
+
+
+def test_mlp_dtypes_match_cpu_op_by_op(unfused_linear):
     model, batch = _mlp(), _batches("mlp", 1)[0]
     cpu = _dtype_log(model, _mlp_loss, batch, "cpu")
     tpu = _dtype_log(model, _mlp_loss, batch, "tpu")
@@ -142,7 +150,7 @@ def test_mlp_dtypes_match_cpu_op_by_op():
     assert tpu == cpu
 
 
-def test_mingpt_dtypes_match_cpu_op_by_op():
+def test_mingpt_dtypes_match_cpu_op_by_op(unfused_linear):
     """CPU autocast's dtypes, except where CUDA's policy (tpu's) differs from CPU's."""
     model, batch = _gpt(), _batches("gpt", 1)[0]
     cpu = _dtype_log(model, _gpt_loss, batch, "cpu")
