@@ -75,6 +75,27 @@ def test_pending_verdicts_are_bounded(deferred, monkeypatch):
     assert deferred_checks.pending() == 0  # the fourth read the first three
 
 
+@pytest.mark.parametrize("calls", [5, 40])
+def test_queued_verdicts_run_at_the_read_in_few_executions(deferred, calls):
+    """An eager embedding is one execution: its verdict waits for the read, which computes every
+    queued one together (a long queue in chunks of powers of two per kind: 32 + 8)."""
+    w = torch.randn(10, 4).to("tpu")
+    indices = [torch.tensor([i % 10, 9 - i % 10]).to("tpu") for i in range(calls)]
+    bad = torch.tensor([3, 10]).to("tpu")
+    for _ in range(2):  # the second round runs compiled programs
+        torch_tpu.sync()
+        torch_tpu.metrics.reset()
+        outs = [F.embedding(i, w) for i in indices]
+        assert torch_tpu.metrics.counters()["executions"] == calls
+        torch_tpu.sync()
+        expected_reads = 1 if calls <= deferred_checks.WHOLE_QUEUE else 2
+        assert torch_tpu.metrics.counters()["executions"] == calls + expected_reads
+    torch.testing.assert_close(outs[-1].cpu(), F.embedding(indices[-1].cpu(), w.cpu()))
+    outs = [F.embedding(i, w) for i in (*indices[:-1], bad)]
+    with pytest.raises(IndexError, match="index out of range in self"):
+        outs[0].cpu()
+
+
 @pytest.mark.cpu_client
 def test_checks_stay_synchronous_on_the_cpu_client(monkeypatch):
     monkeypatch.delenv("TORCH_TPU_DEFERRED_CHECKS", raising=False)

@@ -37,7 +37,7 @@ from torch_tpu.runtime import client, executable_cache, global_arrays
 MAX_PENDING = 256
 
 _lock = threading.Lock()
-_pending: list[tuple[jax.Array, list[Callable[[int], Exception]], str]] = []
+_pending: list[tuple[object, list[Callable[[int], Exception]], str]] = []  # (verdicts, errors, what)
 
 
 def enabled() -> bool:
@@ -67,12 +67,74 @@ def _range_rows(bounds, *arrays):
 _range_verdicts = executable_cache.jit(_range_rows, static_argnums=0)
 
 
+class Queued:
+    """A check's verdict rows not computed yet: `rows(*static, *arrays)`, computed with every other
+    queued one at the next host read (raise_pending), or alone when read first (`value`)."""
+
+    __slots__ = ("arrays", "result", "rows", "static")
+
+    def __init__(self, rows: Callable, static: tuple, arrays: tuple):
+        self.rows, self.static, self.arrays, self.result = rows, static, arrays, None
+
+    def spec(self) -> tuple:
+        return (self.rows, self.static, len(self.arrays))
+
+    def value(self) -> jax.Array:
+        if self.result is None:
+            compute([self])
+        return self.result
+
+
+def _batched_rows(specs, *arrays):
+    """The verdict rows of each (rows, static, number of arrays) in `specs`, over `arrays` in turn."""
+    out, start = [], 0
+    for rows, static, count in specs:
+        out.append(rows(*static, *arrays[start : start + count]))
+        start += count
+    return out
+
+
+_batched = executable_cache.jit(_batched_rows, static_argnums=0)
+
+
+# A host read's queue of up to this many verdicts runs as one program, compiled once for a loop
+# that repeats it (a training step's checks); a longer queue runs per kind of check in chunks of
+# powers of two, so its programs stay few whatever the count.
+WHOLE_QUEUE = 16
+
+
+def compute(queued: list[Queued]) -> None:
+    """Computes the verdicts of `queued`: one execution for a short queue, a few for a long one."""
+    if len(queued) <= WHOLE_QUEUE:
+        _compute_together(queued)
+        return
+    kinds: dict[tuple, list[Queued]] = {}
+    for q in queued:
+        kinds.setdefault((q.spec(), tuple((a.shape, a.dtype) for a in q.arrays)), []).append(q)
+    for same in kinds.values():
+        start = 0
+        while start < len(same):
+            size = 1 << ((len(same) - start).bit_length() - 1)
+            _compute_together(same[start : start + size])
+            start += size
+
+
+def _compute_together(queued: list[Queued]) -> None:
+    results = _batched(tuple(q.spec() for q in queued), *(a for q in queued for a in q.arrays))
+    metrics.bump("executions")
+    for q, result in zip(queued, results):
+        q.result, q.arrays = result, ()
+
+
 def verdicts(rows: Callable, jitted: Callable, static: tuple, args: tuple[torch.Tensor, ...]):
-    """`rows(*static, *values of args)`, the int64 [n, 2] verdict rows of a check, computed on the
-    device (`jitted` is `rows` under executable_cache.jit with `static` static), or recorded with
-    the ops while they are recorded lazily (the values do not exist yet)."""
+    """`rows(*static, *values of args)`, the int64 [n, 2] verdict rows of a check: queued where
+    checks are deferred (computed at the next host read), recorded with the ops while they are
+    recorded lazily (the values do not exist yet), else computed on the device now (`jitted` is
+    `rows` under executable_cache.jit with `static` static)."""
     if tensors.lazy is not None:
         return tensors.lazy.call(rows, static, *(tensors.lazy.read(t) for t in args))
+    if enabled():
+        return Queued(rows, static, tuple(tensors.to_jax(t) for t in args))
     metrics.bump("executions")
     return jitted(*static, *(tensors.to_jax(t) for t in args))
 
@@ -86,6 +148,8 @@ def range_verdicts(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Ex
 def read(verdicts) -> np.ndarray:
     """Verdict rows on the host (a host read, counted)."""
     metrics.bump("host_transfers")
+    if isinstance(verdicts, Queued):
+        verdicts = verdicts.value()
     return np.asarray(global_arrays.fetchable(verdicts))
 
 
@@ -98,7 +162,7 @@ def check(verdicts, errors: list[Callable[[int], Exception]], what: str) -> None
         _raise_first(read(verdicts), errors)
 
 
-def defer_verdicts(verdicts: jax.Array, errors: list[Callable[[int], Exception]], what: str) -> None:
+def defer_verdicts(verdicts: jax.Array | Queued, errors: list[Callable[[int], Exception]], what: str) -> None:
     """Queues computed verdicts: int64 [n, 2] rows (failed?, value), row i raising errors[i](value)."""
     metrics.bump("deferred_checks")
     with _lock:
@@ -124,8 +188,13 @@ def raise_pending() -> None:
     with _lock:
         taken = list(_pending)
         _pending.clear()
+    queued = [v for v, _, _ in taken if isinstance(v, Queued) and v.result is None]
+    if queued:
+        compute(queued)
     arrays = []
     for verdict, _, _ in taken:
+        if isinstance(verdict, Queued):
+            verdict = verdict.result
         if not isinstance(verdict, jax.Array):  # recorded lazily: run the trace it belongs to
             verdict = tensors.lazy.concrete([verdict])[0] if tensors.lazy is not None else verdict.value
         arrays.append(global_arrays.fetchable(verdict))
