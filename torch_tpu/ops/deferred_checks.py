@@ -126,15 +126,17 @@ def _compute_together(queued: list[Queued]) -> None:
         q.result, q.arrays = result, ()
 
 
-def verdicts(rows: Callable, jitted: Callable, static: tuple, args: tuple[torch.Tensor, ...]):
+def verdicts(rows: Callable, jitted: Callable, static: tuple, args: tuple[torch.Tensor, ...], flat: bool = False):
     """`rows(*static, *values of args)`, the int64 [n, 2] verdict rows of a check: queued where
     checks are deferred (computed at the next host read), recorded with the ops while they are
     recorded lazily (the values do not exist yet), else computed on the device now (`jitted` is
-    `rows` under executable_cache.jit with `static` static)."""
+    `rows` under executable_cache.jit with `static` static). `flat`: `rows` reads only the
+    arrays' elements in order, whatever their shape (a queued check takes whole buffers as they are)."""
     if tensors.lazy is not None:
         return tensors.lazy.call(rows, static, *(tensors.lazy.read(t) for t in args))
     if enabled():
-        return Queued(rows, static, tuple(tensors.to_jax(t) for t in args))
+        read = tensors.elements if flat else tensors.to_jax
+        return Queued(rows, static, tuple(read(t) for t in args))
     metrics.bump("executions")
     return jitted(*static, *(tensors.to_jax(t) for t in args))
 
@@ -142,7 +144,7 @@ def verdicts(rows: Callable, jitted: Callable, static: tuple, args: tuple[torch.
 def range_verdicts(checks: list[tuple[torch.Tensor, int, int, Callable[[int], Exception]]]):
     """The verdict rows of range checks of tpu index tensors (tensor, low, high, error)."""
     bounds = tuple((int(c[1]), int(c[2])) for c in checks)
-    return verdicts(_range_rows, _range_verdicts, (bounds,), tuple(c[0] for c in checks))
+    return verdicts(_range_rows, _range_verdicts, (bounds,), tuple(c[0] for c in checks), flat=True)
 
 
 def read(verdicts) -> np.ndarray:

@@ -159,6 +159,15 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     return _through_bits(t, fn(buf))
 
 
+def elements(t: torch.Tensor) -> jax.Array:
+    """The elements of a tpu tensor in row-major order, as a jax array of any shape: the buffer
+    itself where the tensor is all of it (no reshape runs), else to_jax(t)."""
+    buf = buffer_of(t)
+    if tensor_geometry(t, buf).is_whole and math_bits(t) == (False, False):
+        return buf
+    return to_jax(t)
+
+
 def write_jax(t: torch.Tensor, value: jax.Array) -> None:
     """Writes `value` into the tpu tensor `t` (a view writes through to its base; a conj or
     neg view stores the value conjugated or negated, so that it reads back as `value`)."""
