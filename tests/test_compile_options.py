@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import torch_tpu
+from torch_tpu import platforms
 from torch_tpu.compile import options as compile_options
 
 # Each test starts with dynamo's caches and the counters cleared (tests/conftest.py).
@@ -61,7 +62,9 @@ def test_unknown_mode_raises():
 
 
 def test_modes_map_to_xla_meanings():
-    assert compile_options.parse("default").donate_buffers is False
+    # default: donation where buffers are device memory (TPU; the CPU client's shaped layout)
+    assert compile_options.parse("default").donate_buffers is platforms.donates_buffers()
+    assert compile_options.parse("default", {"donate_buffers": False}).donate_buffers is False
     assert compile_options.parse("reduce-overhead").donate_buffers is True
     assert compile_options.parse("max-autotune").donate_buffers is True
     # Explicit options win over the mode's defaults.

@@ -11,6 +11,7 @@ import copy
 import torch
 
 import torch_tpu
+from torch_tpu import platforms
 
 
 def _model() -> torch.nn.Module:
@@ -67,6 +68,8 @@ def test_a_compiled_step_keeps_the_optimizer_on_the_device(fresh_dynamo):
     assert all(state["step"].device.type == "tpu" for state in optimizer.state.values())
     # forward, backward's seed gradient (autograd's ones_like), backward, the whole AdamW update
     assert steady["executions"] == 4, steady
+    if platforms.donates_buffers():  # the update overwrites parameters, moments and step counts in place
+        assert steady["donated_buffers"] == 4 * len(optimizer.state), steady
 
 
 def test_an_optimizer_stepped_eagerly_first_still_matches_cpu(fresh_dynamo):

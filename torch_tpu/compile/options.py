@@ -3,7 +3,9 @@
 Every graph is already one XLA executable launched once per call, so the
 inductor modes map to what they can mean here:
 
-- "default": XLA's default optimizations, no buffer donation.
+- "default": XLA's default optimizations; buffer donation where buffers are device memory
+  (`platforms.donates_buffers()`: TPU, GPU; not the CPU client's host tier), as lazy traces do:
+  a compiled optimizer step would otherwise hold old and new parameters and state at once.
 - "reduce-overhead": what CUDA graphs buy inductor (fewer copies and launches per
   step) is here buffer donation: inputs the graph overwrites are donated, so a
   training step updates parameters and optimizer state in place.
@@ -19,7 +21,7 @@ Options (all optional; an unknown key raises ValueError listing these):
   symbolic (dynamic) size is padded up to its bucket, so that sizes share executables
   (compile/buckets.py).
 - "donate_buffers": bool; donate inputs the graph overwrites to XLA (never a
-  buffer another live tensor or view can still read).
+  buffer another live tensor or view can still read). Default: `platforms.donates_buffers()`.
 - "matmul_precision": "default" | "high" | "highest" (also jax's names
   "bfloat16", "tensorfloat32", "float32"): precision of matmuls and convolutions
   traced in this graph.
@@ -199,7 +201,7 @@ def parse(mode: str | None = None, options: Mapping[str, Any] | None = None) -> 
     return CompileOptions(
         mode=mode,
         dynamic_buckets=_buckets(merged.get("dynamic_buckets")),
-        donate_buffers=_bool("donate_buffers", merged.get("donate_buffers", False)),
+        donate_buffers=_bool("donate_buffers", merged.get("donate_buffers", platforms.donates_buffers())),
         matmul_precision=_precision(merged.get("matmul_precision")),
         xla_flags=_flags(merged.get("xla_flags")),
         async_compile=_bool("async_compile", merged.get("async_compile", False)),
