@@ -15,6 +15,7 @@ import torch
 from jax import lax
 
 from torch_tpu import metrics
+from torch_tpu.ops import sign_bit
 from torch_tpu.ops.checks import Failure
 from torch_tpu.ops.dtypes import opmath, to_torch_dtype, type_name
 from torch_tpu.ops.lowerings.common import divide, sigmoid
@@ -117,7 +118,7 @@ def _floor_divide_float(a, b):
     quot = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), quot - 1, quot)
     floor = jnp.floor(quot)
     floor = jnp.where(quot - floor > 0.5, floor + 1, floor)
-    floor = jnp.where(quot == 0, jnp.copysign(jnp.zeros_like(quot), a / b), floor)
+    floor = jnp.where(quot == 0, sign_bit.copysign(jnp.zeros_like(quot), a / b), floor)
     return jnp.where(b == 0, a / b, floor)
 
 
@@ -399,21 +400,21 @@ def _complex_atanh(z):
     """C99/NumPy catanh (CPython's cmath.atanh and its special values). jnp.arctanh and jnp.arctan
     of complex inputs differ from CPU at infinities, nans and the branch cuts' signed zeros."""
     u, v = jnp.real(z), jnp.imag(z)
-    sign = jnp.where(jnp.signbit(u), -1.0, 1.0).astype(u.dtype)  # atanh(-z) = -atanh(z)
+    sign = jnp.where(sign_bit.signbit(u), -1.0, 1.0).astype(u.dtype)  # atanh(-z) = -atanh(z)
     x, y = jnp.abs(u), v * sign
     ay = jnp.abs(y)
     info = jnp.finfo(u.dtype)
     h = jnp.hypot(x / 2, y / 2)
     large = (x > math.sqrt(float(info.max)) / 4) | (ay > math.sqrt(float(info.max)) / 4)
     re = jnp.where(large, x / 4 / h / h, jnp.log1p(4 * x / ((1 - x) * (1 - x) + ay * ay)) / 4)
-    im = jnp.where(large, -jnp.copysign(jnp.pi / 2, -y), -jnp.arctan2(-2 * y, (1 - x) * (1 + x) - ay * ay) / 2)
+    im = jnp.where(large, -sign_bit.copysign(jnp.pi / 2, -y), -jnp.arctan2(-2 * y, (1 - x) * (1 + x) - ay * ay) / 2)
     # x == 1 with a tiny y: the general form overflows
     one = (x == 1) & (ay > 0) & (ay < math.sqrt(float(info.tiny)))
     re = jnp.where(one, -jnp.log(jnp.sqrt(ay) / jnp.sqrt(jnp.hypot(ay, 2))), re)
-    im = jnp.where(one, jnp.copysign(jnp.arctan2(2, -ay) / 2, y), im)
+    im = jnp.where(one, sign_bit.copysign(jnp.arctan2(2, -ay) / 2, y), im)
     # special values: an infinite part gives 0 +- pi/2 i; a nan gives nan unless C99 says otherwise
     nan, inf_x, inf_y = jnp.isnan(x) | jnp.isnan(y), jnp.isinf(x), jnp.isinf(y)
-    half_pi = jnp.copysign(jnp.asarray(jnp.pi / 2, u.dtype), y)
+    half_pi = sign_bit.copysign(jnp.asarray(jnp.pi / 2, u.dtype), y)
     zero, nans = jnp.zeros_like(x), jnp.full_like(x, jnp.nan)
     re = jnp.where(nan, jnp.where(inf_x | inf_y | (x == 0), zero, nans), jnp.where(inf_x | inf_y, zero, re))
     im = jnp.where(nan, jnp.where(inf_y, half_pi, nans), jnp.where(inf_x | inf_y, half_pi, im))
@@ -522,7 +523,7 @@ def isneginf(self):
 def signbit(self):
     if is_integral(self.dtype):
         return self < 0 if jnp.issubdtype(self.dtype, jnp.signedinteger) else jnp.zeros(self.shape, bool)
-    return jnp.signbit(self)
+    return sign_bit.signbit(self)
 
 
 # ---- binary math ------------------------------------------------------------
@@ -556,7 +557,7 @@ def hypot(self, other):
 @lower(aten.copysign.Tensor, aten.copysign.Scalar)
 def copysign(self, other):
     a, b = to_float(self, other)
-    return jnp.copysign(a, b)
+    return sign_bit.copysign(a, b)
 
 
 @lower(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self)

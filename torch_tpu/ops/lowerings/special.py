@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torch_tpu.ops import sign_bit
 from torch_tpu.ops.checks import c_type_name as _c_name
 from torch_tpu.ops.dtypes import type_name
 from torch_tpu.ops.promotion import (
@@ -110,7 +111,7 @@ def polar(abs, angle):
 
 def _digamma(x):
     # torch: digamma(0) is -inf (of the sign of the zero: pole from the right), XLA gives nan.
-    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), lax.digamma(x))
+    return jnp.where(x == 0, sign_bit.copysign(jnp.inf, -x), lax.digamma(x))
 
 
 lower(aten.lgamma.default)(_special(lax.lgamma))
