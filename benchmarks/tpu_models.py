@@ -319,8 +319,21 @@ def _cross_entropy(logits, targets):
     return -jnp.take_along_axis(logp, targets[:, None], axis=1).mean()
 
 
-def jax_gpt_loss(cfg: GPTConfig):
-    """loss(params, idx int32 (B, T), targets int32 (B, T)) -> float32 scalar."""
+def _flash_attention(q, k, v):
+    """Causal attention by jax's own Pallas TPU flash kernel; q, k, v (B, T, H, D) bfloat16. The
+    kernel is written for 64-bit types off: trace it under `jax.enable_x64(False)` (torch_tpu
+    turns them on process-wide)."""
+    from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+
+    _, jnp = _jnp()
+    q, k, v = (jnp.swapaxes(z, 1, 2) for z in (q, k, v))  # (B, H, T, D)
+    out = flash_attention(q, k, v, causal=True, sm_scale=1.0 / math.sqrt(q.shape[-1]))
+    return jnp.swapaxes(out, 1, 2)
+
+
+def jax_gpt_loss(cfg: GPTConfig, flash: bool = False):
+    """loss(params, idx int32 (B, T), targets int32 (B, T)) -> float32 scalar. `flash`: attention
+    by jax's Pallas flash kernel (TPU only), else materialized (einsum and softmax)."""
     jax, jnp = _jnp()
     heads, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
 
@@ -332,9 +345,12 @@ def jax_gpt_loss(cfg: GPTConfig):
             pre = f"h.{i}."
             qkv = _linear(p, pre + "attn.c_attn", _layer_norm(p, pre + "ln_1", x))
             q, k, v = (z.reshape(b, t, heads, head_dim) for z in jnp.split(qkv, 3, axis=-1))
-            s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(head_dim)
-            a = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1).astype(jnp.bfloat16)
-            y = jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(b, t, cfg.n_embd)
+            if flash:
+                y = _flash_attention(q, k, v).reshape(b, t, cfg.n_embd)
+            else:
+                s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(head_dim)
+                a = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1).astype(jnp.bfloat16)
+                y = jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(b, t, cfg.n_embd)
             x = x + _linear(p, pre + "attn.c_proj", y)
             h = jax.nn.gelu(_linear(p, pre + "mlp.c_fc", _layer_norm(p, pre + "ln_2", x)), approximate=False)
             x = x + _linear(p, pre + "mlp.c_proj", h)

@@ -7,8 +7,10 @@ limit), all in one process.
         [--check-cpu] [--json OUT] [--markdown OUT]
     python benchmarks/tpu_training.py --merge A.json B.json [--json OUT] [--markdown OUT]
 
-Modes: `jax` (jax.jit train step, jax.value_and_grad, AdamW in jnp, state donated);
-`compiled-model` (torch.compile(loss_fn, backend="tpu") + eager AdamW); `compiled-step` (the
+Modes: `jax` (jax.jit train step, jax.value_and_grad, AdamW in jnp, state donated; attention
+materialized, einsum and softmax); `jax-flash` (the same with jax's own Pallas TPU flash
+attention, TPU only: the bar for torch_tpu, whose SDPA is a flash kernel; ratios to it are
+printed under the targets); `compiled-model` (torch.compile(loss_fn, backend="tpu") + eager AdamW); `compiled-step` (the
 whole step compiled: forward, backward, optimizer.step(), zero_grad); `eager`; `lazy`
 (torch_tpu.eager_mode(False), torch_tpu.sync() per step); `cpu` (`--check-cpu`: torch on CPU in
 float32, the numerical reference). torch modes run under torch.autocast("tpu", bfloat16) with
@@ -62,7 +64,10 @@ if TYPE_CHECKING:
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODES = ("jax", "compiled-model", "compiled-step", "eager", "lazy")
-ALL_MODES = (*MODES, "cpu")
+# jax-flash: the jax step with jax's own Pallas flash attention (TPU only), the bar for modes whose
+# attention is torch_tpu's flash kernel; "jax" materializes attention as most hand-written steps do.
+JAX_MODES = ("jax", "jax-flash")
+ALL_MODES = (*MODES, "jax-flash", "cpu")
 MODELS = ("gpt", "resnet50")
 PEAK_TFLOPS = {"TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v4": 275.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
 COUNTER_KEYS = ("xla_compiles", "persistent_cache_hits", "executions", "host_transfers", "cpu_fallbacks")
@@ -134,7 +139,7 @@ class TorchRunner:
 class JaxRunner:
     """The XLA limit: one jax.jit step (value_and_grad + AdamW in jnp), state donated."""
 
-    def __init__(self, w: Workload):
+    def __init__(self, w: Workload, flash: bool = False):
         import jax
         import jax.numpy as jnp
         import numpy as np
@@ -143,7 +148,7 @@ class JaxRunner:
         self.jax, self.np, self.gpt = jax, np, w.model == "gpt"
         params, buffers = tpu_models.jax_params(w.base, hwio=not self.gpt)
         if self.gpt:
-            gpt_loss = tpu_models.jax_gpt_loss(w.cfg)
+            gpt_loss = tpu_models.jax_gpt_loss(w.cfg, flash=flash)
 
             def loss(p, bufs, x, y):
                 return gpt_loss(p, x, y), bufs
@@ -159,6 +164,7 @@ class JaxRunner:
 
         self._step = jax.jit(train_step, donate_argnums=(0, 1, 2, 3, 4))
         self._compiled = None  # compiled at the first step (timed), kept for its memory analysis
+        self._x64 = not flash  # jax's flash kernel is traced with 64-bit types off
         params = jax.device_put(params)
         zeros = jax.tree.map(jnp.zeros_like, params)
         self.state = [params, zeros, jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32)]
@@ -171,7 +177,8 @@ class JaxRunner:
 
     def step(self, batch: tuple) -> float:
         if self._compiled is None:
-            self._compiled = self._step.lower(*self.state, *batch).compile()
+            with self.jax.enable_x64(self._x64):
+                self._compiled = self._step.lower(*self.state, *batch).compile()
         *self.state, loss = self._compiled(*self.state, *batch)
         self.jax.block_until_ready(self.state)
         return float(loss)
@@ -345,7 +352,10 @@ class Group:
             live_before = torch.tpu.memory_allocated()
         try:
             start = time.perf_counter()
-            runner = JaxRunner(w) if mode == "jax" else TorchRunner(mode, w, self.args.compile_mode)
+            if mode in JAX_MODES:
+                runner = JaxRunner(w, flash=mode == "jax-flash")
+            else:
+                runner = TorchRunner(mode, w, self.args.compile_mode)
             self.runners[mode] = runner
             row["setup_s"] = time.perf_counter() - start
             for i in range(self.args.warmup):
@@ -359,7 +369,7 @@ class Group:
         finally:
             if tpu:
                 buffers, row["peak_hbm_exact"] = self.watch.stop()
-                if mode == "jax":
+                if mode in JAX_MODES:
                     jax_runner = self.runners.get(mode)
                     temp = jax_runner.temp_bytes() if isinstance(jax_runner, JaxRunner) else 0
                 else:
@@ -444,6 +454,9 @@ def _finish(rows: list[dict], peak_tflops: float | None, tolerance: float) -> No
                 row["hbm_vs_jax"] = row["peak_hbm_bytes"] / ref["peak_hbm_bytes"]
             if "first_step_s" in row and "first_step_s" in ref:
                 row["first_step_vs_jax"] = row["first_step_s"] / ref["first_step_s"]
+        flash = peers.get("jax-flash")
+        if flash is not None and flash is not row and "throughput" in row and "throughput" in flash:
+            row["speed_vs_jax_flash"] = row["throughput"] / flash["throughput"]
 
 
 HEADER = (
@@ -507,7 +520,7 @@ def _markdown_table(rows: list[dict]) -> str:
 def _counter_lines(rows: list[dict]) -> list[str]:
     out = ["torch_tpu counters per timed step (executions, host transfers, XLA compiles, CPU fallbacks):"]
     for r in rows:
-        if r["status"] == "ok" and r["mode"] not in ("jax", "cpu") and r["step_s"]:
+        if r["status"] == "ok" and r["mode"] not in (*JAX_MODES, "cpu") and r["step_s"]:
             c = r["per_step"]
             out.append(
                 f"  {r['model']} {r['shape']} {r['mode']}: {c['executions']:.0f} executions, "
@@ -534,6 +547,9 @@ def _targets(rows: list[dict], tolerance: float) -> list[str]:
         model, batch, shape = next((r["model"], r["batch"], r["shape"]) for r in peers.values())
         tag = f"{model} {shape}"
         part, whole = peers.get("compiled-model"), peers.get("compiled-step")
+        for row in (part, whole):
+            if row is not None and row.get("speed_vs_jax_flash") is not None:
+                out.append(f"  {tag} {row['mode']} speed against jax-flash: {row['speed_vs_jax_flash']:.2f}x")
         if whole is not None:
             check(f"{tag} compiled-step speed", whole.get("speed_vs_jax"), 0.95 if model == "gpt" else 0.9, True)
             if model == "gpt" and batch == 8:
@@ -549,7 +565,7 @@ def _targets(rows: list[dict], tolerance: float) -> list[str]:
             check(f"{tag} {row['mode']} first step", row.get("first_step_vs_jax"), 1.3, False)
         for ref in ("jax", "cpu"):
             key = f"loss_max_rel_diff_vs_{ref}"
-            diffs = {m: r[key] for m, r in peers.items() if key in r and not (ref == "cpu" and m == "jax")}
+            diffs = {m: r[key] for m, r in peers.items() if key in r and not (ref == "cpu" and m in JAX_MODES)}
             if diffs:
                 met = all(d <= tolerance for d in diffs.values())
                 listed = ", ".join(f"{m} {d:.1e}" for m, d in diffs.items())
