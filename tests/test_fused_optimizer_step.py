@@ -315,3 +315,28 @@ def test_a_fused_step_donates_the_buffers_it_overwrites(monkeypatch):
     # from the second step on, every parameter (less the cloned one) and both AdamW states per parameter
     n = len(list(tpu.parameters()))
     assert donated[1] == donated[2] == 3 * n - 1, donated
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_step_two_compiles_nothing(groups):
+    """The state's creation runs apart from the update (flushed around `_init_group`), so step 1's
+    update program is every later step's: one execution per param group, no compile at step 2."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(11, 13), nn.Tanh(), nn.Linear(13, 5)).to("tpu")  # shapes no other test uses
+    params = list(model.parameters())
+    split = [{"params": params[::2]}, {"params": params[1::2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(split if groups == 2 else params, lr=1e-2, weight_decay=0.1)
+    x = torch.randn(6, 11).to("tpu")
+    steps = []
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        torch_tpu.sync()
+        before = _counters()
+        opt.step()
+        torch_tpu.sync()
+        after = _counters()
+        steps.append({k: after.get(k, 0) - before.get(k, 0) for k in ("xla_compiles", "executions")})
+    assert steps[0]["xla_compiles"] > 0, steps  # fresh programs: the counts below can fail
+    assert [s["xla_compiles"] for s in steps[1:]] == [0, 0], steps
+    assert [s["executions"] for s in steps[1:]] == [groups, groups], steps
