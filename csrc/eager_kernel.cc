@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -687,12 +688,17 @@ class EagerKernel final : public c10::OperatorKernel {
   OpState* state_;  // never freed (see OpState)
 };
 
-torch::Library& library() {
-  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+// The PrivateUse1 IMPL library of namespace `ns` (aten, or torch_tpu's own tpu_kernels).
+torch::Library& library(const std::string& ns) {
+  static auto* libs = new std::map<std::string, std::unique_ptr<torch::Library>>();
+  std::unique_ptr<torch::Library>& lib = (*libs)[ns];
+  if (!lib) {
+    lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  }
   return *lib;
 }
 
-// `kernel` (the Python kernel of aten op `name`.`overload`) behind the fast path. `traced`: the
+// `kernel` (the Python kernel of op `name`.`overload`, "ns::op") behind the fast path. `traced`: the
 // Scalar arguments the Python kernel traces; `inplace`: the op writes self and returns it
 // (else it returns fresh tensors); `locks`: storage_locks' table; `check`: a host check whose
 // outcome depends on values (run on every call taken here), or None.
@@ -706,9 +712,11 @@ void register_eager_kernel(const std::string& label, const std::string& name, co
   auto* state = new OpState(label, handle.schema(), kernel.ptr(), traced, inplace, locks.ptr(),
                             check.is_none() ? nullptr : check.ptr());
   all_ops().push_back(state);
-  const std::string short_name = name.substr(name.find("::") + 2);
+  const size_t separator = name.find("::");
+  const std::string short_name = name.substr(separator + 2);
   const std::string impl_name = overload.empty() ? short_name : short_name + "." + overload;
-  library().impl(impl_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EagerKernel>(state)));
+  library(name.substr(0, separator))
+      .impl(impl_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EagerKernel>(state)));
 }
 
 using OutputSpec = std::tuple<std::vector<int64_t>, std::optional<std::vector<int64_t>>, at::ScalarType>;

@@ -281,3 +281,20 @@ def test_a_repeated_python_number_is_one_cached_device_scalar(monkeypatch):
     ints = torch.arange(4, dtype=torch.int32)
     assert (ints.to("tpu") * 3).dtype == (ints * 3).dtype == torch.int32
     assert (x.bfloat16().to("tpu") * 2.5).dtype == torch.bfloat16
+
+
+def test_torch_tpu_kernel_ops_hit_the_cpp_path():
+    """Ops of torch_tpu's own namespace (tpu_kernels: autocast's fused linear, Pallas kernels) take
+    the C++ path as aten's do: autocast linear with the CPU result of autocast."""
+    from torch_tpu.ops import autocast_linear
+
+    x, w, b = torch.randn(4, 6), torch.randn(5, 6), torch.randn(5)
+    expected = torch.nn.functional.linear(x.bfloat16(), w.bfloat16(), b.bfloat16())
+    op = autocast_linear._INFERENCE
+    for _ in range(2):  # the first misses
+        op(x.to("tpu"), w.to("tpu"), b.to("tpu"), torch.bfloat16)
+    before = _native_hits()
+    got = op(x.to("tpu"), w.to("tpu"), b.to("tpu"), torch.bfloat16)
+    assert _native_hits() == before + 1, "the call did not run on the C++ path"
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.cpu(), expected, rtol=1.6e-2, atol=1e-2)

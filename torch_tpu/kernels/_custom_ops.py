@@ -1,6 +1,7 @@
 """The `tpu_kernels` torch.library namespace: each kernel is a custom op whose tpu
-(PrivateUse1) kernel runs a jax function through the op dispatcher, and whose jax
-function is also in the lowering table, so compiled graphs lower it the same way."""
+(PrivateUse1) kernel runs a jax function through the op dispatcher (behind the C++ steady-state
+path where the op can take it, as aten's ops), and whose jax function is also in the lowering
+table, so compiled graphs lower it the same way."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def define(schema: str, lowering: Callable, fake: Callable, cpu: Callable | None
     op: OpOverload = getattr(getattr(torch.ops, NAMESPACE), name).default
     torch.library.register_fake(op, fake, lib=_lib)
     registry.lower(op)(lowering)
-    _lib.impl(name, dispatcher.make_kernel(op, registry.table()[op], derived=False), "PrivateUse1")
+    dispatcher.register_kernel(_lib, op, registry.table()[op], False, "PrivateUse1")  # C++ fast path where it can
     if cpu is not None:
         _lib.impl(name, cpu, "CPU")
     return op
