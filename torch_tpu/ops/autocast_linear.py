@@ -9,10 +9,10 @@ autocast's path keeps them) and `autocast_linear_backward`. Results are those of
 path: the product of the cast operands, summed in float32 and rounded once, gradients rounded
 to the autocast dtype, then cast to each input's dtype.
 
-Other calls take autocast's own policy (cast what it casts, then linear below autocast):
-tensors that are not plain tpu tensors (a torch.compile trace, functorch), float64, and
-double backward (create_graph=True runs the backward as differentiable ops), and every call
-while TORCH_TPU_FUSE_AUTOCAST_LINEAR=0 (or `FUSED = False`).
+A double backward (create_graph=True) runs the backward as differentiable ops, reaching the
+inputs through the casts. Other calls take autocast's own policy (cast what it casts, then
+linear below autocast): tensors that are not plain tpu tensors (a torch.compile trace,
+functorch), float64, and every call while TORCH_TPU_FUSE_AUTOCAST_LINEAR=0 (or `FUSED = False`).
 """
 
 from __future__ import annotations
