@@ -10,11 +10,12 @@ limit), all in one process.
 Modes: `jax` (jax.jit train step, jax.value_and_grad, AdamW in jnp, state donated; attention
 materialized, einsum and softmax); `jax-flash` (the same with jax's own Pallas TPU flash
 attention, TPU only: the bar for torch_tpu, whose SDPA is a flash kernel; ratios to it are
-printed under the targets); `compiled-model` (torch.compile(loss_fn, backend="tpu") + eager AdamW); `compiled-step` (the
-whole step compiled: forward, backward, optimizer.step(), zero_grad); `eager`; `lazy`
-(torch_tpu.eager_mode(False), torch_tpu.sync() per step); `cpu` (`--check-cpu`: torch on CPU in
-float32, the numerical reference). torch modes run under torch.autocast("tpu", bfloat16) with
-float32 parameters; AdamW(lr 3e-4, betas (0.9, 0.95), weight decay 0.1, torch's default foreach).
+printed under the targets); `compiled-model` (torch.compile(loss_fn, backend="tpu") + eager
+AdamW); `compiled-step` (the whole step compiled: forward, backward, optimizer.step(),
+zero_grad); `eager`; `lazy` (torch_tpu.eager_mode(False), torch_tpu.sync() per step); `cpu`
+(`--check-cpu`: torch on CPU in float32, the numerical reference). torch modes run under
+torch.autocast("tpu", bfloat16) with float32 parameters; AdamW(lr 3e-4, betas (0.9, 0.95),
+weight decay 0.1, torch's default foreach).
 Every mode starts from the same weights and sees the same batches; every step ends with a host
 read of the loss. The first step is timed alone (compiles included); after `--warmup` steps the
 timed steps run round-robin across modes when all modes' weights and AdamW state fit at once
