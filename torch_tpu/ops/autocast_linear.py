@@ -26,12 +26,12 @@ from jax import lax
 
 from torch_tpu import metrics
 from torch_tpu.kernels import _custom_ops
+from torch_tpu.ops.dtypes import to_numpy_dtype
 
 FUSED = os.environ.get("TORCH_TPU_FUSE_AUTOCAST_LINEAR", "1").strip().lower() not in ("0", "false", "no", "off")
 _AUTOCAST_KEY = torch._C.DispatchKey.AutocastPrivateUse1
 _LOW = (torch.bfloat16, torch.float16)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a trace's tensors (fake, functional) nor a subclass
-_JAX_DTYPES = {torch.bfloat16: jnp.bfloat16, torch.float16: jnp.float16, torch.float32: jnp.float32}
 
 
 def _product(a, b_t):
@@ -42,7 +42,7 @@ def _product(a, b_t):
 
 
 def _forward(x, weight, bias, dtype):
-    low = _JAX_DTYPES[dtype]
+    low = to_numpy_dtype(dtype)
     x_low, w_low = x.astype(low), weight.astype(low)
     out = _product(x_low, w_low)
     if bias is not None:
@@ -66,11 +66,11 @@ def _inference_fake(x, weight, bias, dtype):
 def _backward(grad, x_low, w_low, x_dtype, w_dtype, b_dtype, has_bias: bool):
     """(grad of x, of weight, of bias): rounded to the autocast dtype, then cast to each input's."""
     low = grad.dtype
-    grad_x = _product(grad, w_low.T).astype(low).astype(_JAX_DTYPES[x_dtype])
+    grad_x = _product(grad, w_low.T).astype(low).astype(to_numpy_dtype(x_dtype))
     rows = grad.reshape(-1, grad.shape[-1])
-    grad_w = _product(rows.T, x_low.reshape(-1, x_low.shape[-1]).T).astype(low).astype(_JAX_DTYPES[w_dtype])
-    grad_b = jnp.sum(rows.astype(jnp.float32), axis=0).astype(low).astype(_JAX_DTYPES[b_dtype])
-    return grad_x, grad_w, grad_b if has_bias else jnp.zeros((0,), _JAX_DTYPES[b_dtype])
+    grad_w = _product(rows.T, x_low.reshape(-1, x_low.shape[-1]).T).astype(low).astype(to_numpy_dtype(w_dtype))
+    grad_b = jnp.sum(rows.astype(jnp.float32), axis=0).astype(low).astype(to_numpy_dtype(b_dtype))
+    return grad_x, grad_w, grad_b if has_bias else jnp.zeros((0,), to_numpy_dtype(b_dtype))
 
 
 def _backward_fake(grad, x_low, w_low, x_dtype, w_dtype, b_dtype, has_bias: bool):
