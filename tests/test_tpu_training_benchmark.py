@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
+from tests.helpers import run_python
 from torch_tpu.ops import deferred_checks
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
@@ -18,10 +17,10 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 
 def test_tiny_gpt_modes_match_jax(tmp_path):
     out = tmp_path / "result.json"
-    cmd = [sys.executable, str(BENCHMARKS / "tpu_training.py"), "--tiny", "--models", "gpt"]
-    cmd += ["--modes", "jax,compiled-step,compiled-model,eager", "--steps", "2", "--warmup", "1", "--json", str(out)]
+    args = [str(BENCHMARKS / "tpu_training.py"), "--tiny", "--models", "gpt"]
+    args += ["--modes", "jax,compiled-step,compiled-model,eager", "--steps", "2", "--warmup", "1", "--json", str(out)]
     env = dict(os.environ, TORCH_TPU_PLATFORM=os.environ.get("TORCH_TPU_PLATFORM", "cpu"))
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
+    result = run_python(args, env, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
     assert all(row["status"] == "ok" for row in rows.values()), {m: r["status"] for m, r in rows.items()}
