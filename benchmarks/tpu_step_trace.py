@@ -1,9 +1,9 @@
-"""Where a training step's device time goes: the GPT of tpu_training.py in one or more modes,
+"""Where a training step's device time goes: a model of tpu_training.py in one or more modes,
 traced with jax's profiler for a few warm steps, and the trace summed per XLA module and per HLO
 op (device planes only), beside the step's wall time. The gap between the two is time the chip
 waited for the host.
 
-    python benchmarks/tpu_step_trace.py [--modes jax,compiled-model] [--batch 4] [--steps 2]
+    python benchmarks/tpu_step_trace.py [--modes jax,compiled-model] [--model gpt] [--batch 4] [--steps 2]
         [--tiny] [--top 25] [--out DIR] [--stacks-after SECONDS]
 
 With --out, DIR keeps each mode's raw trace (`<mode>.xplane.pb`, readable by xprof/TensorBoard),
@@ -85,7 +85,8 @@ def _print(mode: str, wall_ms: float, planes: dict, top: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default="jax,compiled-model")
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--model", choices=("gpt", "resnet50"), default="gpt")
+    parser.add_argument("--batch", type=int, default=4, help="GPT batch, or ResNet images")
     parser.add_argument("--steps", type=int, default=2, help="traced steps per mode")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--tiny", action="store_true")
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     import tpu_training
 
     n_steps = args.warmup + args.steps
-    (w,) = tpu_models.workloads(["gpt"], [args.batch], 4, args.tiny, n_steps)
+    (w,) = tpu_models.workloads([args.model], [args.batch], args.batch, args.tiny, n_steps)
     summary = {}
     for mode in args.modes.split(","):
         dump = out / "dump" / mode
