@@ -125,7 +125,8 @@ def test_max_pool_backward_with_ties_and_nan(nd, k, stride, padding, dilation, c
     pool = F.max_pool2d if nd == 2 else F.max_pool3d
     x = torch.randint(0, 3, (2, 2, *[7] * nd)).float()  # many ties
     x.view(-1)[5] = float("nan")
-    compare(lambda x: pool(x, k, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=True), x, equal_nan=True)
+    fn = lambda x: pool(x, k, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=True)
+    compare(fn, x, equal_nan=True)
 
 
 def test_max_pool_lowers_without_gather_or_scatter():
