@@ -12,7 +12,10 @@ import torch_tpu
 
 
 @pytest.fixture(autouse=True)
-def _eager_after():
+def _eager_after(monkeypatch):
+    # These tests count a trace's executions: one trace per sync, as on the CPU client (TPU runs
+    # a trace in segments; test_a_lazy_loop_in_segments_matches_one_trace checks them).
+    monkeypatch.setenv("TORCH_TPU_LAZY_SEGMENT_OPS", "0")
     torch_tpu.metrics.reset()
     yield
     torch_tpu.eager_mode(True)
@@ -163,10 +166,47 @@ def test_lazy_mlp_training_matches_cpu_with_few_executables():
             )
     counts = _counts()
     assert counts["cpu_fallbacks"] == 0
-    assert sum(compiles) <= 3, compiles  # one step shape: first steps differ (no grads, no state yet)
-    assert compiles[3:] == [0] * 17, compiles
-    assert counts["lazy_runs"] == 20 and runs == [1] * 20, runs  # the optimizer's foreach ops are recorded too
-    assert counts["graph_cache_hits"] >= 17
+    # forward and backward, then the update (the optimizer's state is created apart, at step 1)
+    assert compiles[1:] == [0] * 19, compiles
+    assert runs == [3] + [2] * 19, runs
+    assert counts["graph_cache_hits"] == 38
+    assert losses == pytest.approx(losses_cpu, rel=1e-5, abs=1e-6)
+    for p, p_cpu in zip(model.parameters(), model_cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_lazy_loop_in_segments_matches_one_trace(monkeypatch):
+    """A trace runs every TORCH_TPU_LAZY_SEGMENT_OPS ops (TPU's default lets the chip run one
+    segment while the host records the next): the same results, cut at the same ops every step,
+    so from step 2 every segment is a cached executable."""
+    monkeypatch.setenv("TORCH_TPU_LAZY_SEGMENT_OPS", "4")
+    torch.manual_seed(0)
+    model_cpu = _mlp()
+    model = copy.deepcopy(model_cpu).to("tpu")
+    opt_cpu = torch.optim.AdamW(model_cpu.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(5)]
+    losses, losses_cpu, steps = [], [], []
+    for x, y in data:
+        loss = nn.functional.mse_loss(model_cpu(x), y)
+        loss.backward()
+        opt_cpu.step()
+        opt_cpu.zero_grad()
+        losses_cpu.append(loss.item())
+    with torch_tpu.eager_mode(False):
+        for x, y in data:
+            before = _counts()
+            loss = nn.functional.mse_loss(model(x.to("tpu")), y.to("tpu"))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            after = _counts()
+            steps.append({k: after.get(k, 0) - before.get(k, 0) for k in ("lazy_runs", "lazy_ops", "graph_compiles")})
+    ops = steps[1]["lazy_ops"]
+    assert steps[1]["lazy_runs"] > 2 + ops // 8, steps  # segments of at most 4 ops, and the update's
+    assert steps[2:] == [steps[1]] * 3, steps
+    assert [s["graph_compiles"] for s in steps[1:]] == [0] * 4, steps
     assert losses == pytest.approx(losses_cpu, rel=1e-5, abs=1e-6)
     for p, p_cpu in zip(model.parameters(), model_cpu.parameters()):
         torch.testing.assert_close(p.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
@@ -188,7 +228,7 @@ class _TinyLM(nn.Module):
         return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
 
 
-def test_a_lazy_step_with_index_checks_is_one_executable():
+def test_a_lazy_forward_and_backward_with_index_checks_is_one_executable():
     # Index checks are recorded with the ops (ops/deferred_checks.py), an arange's out= copy too:
     # reading values mid-step would run the trace so far and split the step's executable.
     torch.manual_seed(0)
@@ -214,7 +254,8 @@ def test_a_lazy_step_with_index_checks_is_one_executable():
             losses.append(loss.item())
             counters = torch_tpu.metrics.counters()
             runs.append((counters["lazy_runs"], counters["host_transfers"]))
-    assert runs[1:] == [(1, 1), (1, 1)], runs  # one executable; one transfer: the loss read
+    # forward and backward as one executable, then the update; one transfer: the loss read
+    assert runs[1:] == [(2, 1), (2, 1)], runs
     torch.testing.assert_close(losses, losses_cpu, rtol=1e-5, atol=1e-6)
     with torch_tpu.eager_mode(False):  # and a bad index still raises CPU's error at the read
         with pytest.raises(IndexError, match="index out of range in self"):

@@ -213,19 +213,24 @@ def test_lr_scheduler_made_before_the_first_step_keeps_the_fusion():
     _assert_same_state(opt, cpu_opt, devices=False, **platform_tol({}))
 
 
-def test_a_step_recorded_lazily_stays_in_the_callers_trace():
+def test_a_step_recorded_lazily_runs_its_recording_in_two_parts(monkeypatch):
+    """Under eager_mode(False) the step is not fused on its own: the caller's recording (forward
+    and backward) runs where the optimizer gathers its state, and the update when step returns."""
+    monkeypatch.setenv("TORCH_TPU_LAZY_SEGMENT_OPS", "0")  # one trace per sync, on TPU too
     model = _model().to("tpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     cpu_model = _model()
     cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(4, 8)
+    cpu_model(x).square().mean().backward()
+    cpu_opt.step()
     torch_tpu.metrics.reset()
     with torch_tpu.eager_mode(False):
-        for m, o, inp in ((model, opt, x.to("tpu")), (cpu_model, cpu_opt, x)):
-            m(inp).square().mean().backward()
-            o.step()
+        model(x.to("tpu")).square().mean().backward()
+        assert _counters().get("lazy_runs", 0) == 0
+        opt.step()
         assert not torch_tpu.is_eager_mode()
-        assert _counters()["executions"] == 0  # forward, backward and step: still one trace
+        assert _counters()["lazy_runs"] == 2  # forward and backward; the update
     assert _counters().get("fused_optimizer_steps", 0) == 0
     _assert_same_state(opt, cpu_opt, devices=False, **platform_tol({}))
 

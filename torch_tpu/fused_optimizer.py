@@ -23,8 +23,11 @@ as one trace, step 1 and step 2 would be two programs, the second compiled at st
 a GPT-2's AdamW on TPU). So the recording is run (flushed) before and after each `_init_group`
 call (torch's optimizers gather, and on the first step create, a group's state there): the
 state's creation runs as its own small program and every step's update records alike, one
-program per param group, compiled at step 1. (A step recorded under `eager_mode(False)`
-stays in the caller's one trace, so a lazy loop's step 2 is a new program still.)
+program per param group, compiled at step 1. A step recorded under `eager_mode(False)` is split
+the same way within the caller's recording: what was recorded before `_init_group` (a lazy
+loop's forward and backward) runs there and the update runs when `step` returns, so a lazy
+loop's step 2 compiles nothing either, and the chip runs the update while the host records the
+next step.
 
 Not fused: a step given a closure (LBFGS; a closure that runs forward and backward would be
 recorded with the step), a step while ops are already recorded (`eager_mode(False)`) or
@@ -97,7 +100,14 @@ def _step_cell(wrapper: Callable):
 def _fused(step: Callable) -> Callable:
     @functools.wraps(step)
     def fused_step(*args, **kwargs):
-        if torch.compiler.is_compiling() or not _fusable(args, kwargs):
+        if torch.compiler.is_compiling():
+            return step(*args, **kwargs)
+        if _recorded_by_caller(args):
+            with _state_apart(args[0]):
+                result = step(*args, **kwargs)
+            _flush_recording()  # the update runs while the caller records its next step
+            return result
+        if not _fusable(args, kwargs):
             return step(*args, **kwargs)
         return _run_fused(step, args, kwargs)
 
@@ -125,6 +135,19 @@ def _state_apart(optimizer: Optimizer) -> Iterator[None]:
         yield
     finally:
         del optimizer._init_group
+
+
+def _flush_recording() -> None:
+    from torch_tpu.ops import tensors
+
+    tensors.lazy.flush()
+
+
+def _recorded_by_caller(args: tuple) -> bool:
+    """A tpu optimizer's step under the caller's `eager_mode(False)`."""
+    from torch_tpu.ops import tensors
+
+    return tensors.lazy is not None and bool(args) and isinstance(args[0], Optimizer) and enabled()
 
 
 def _fusable(args: tuple, kwargs: dict) -> bool:

@@ -20,6 +20,12 @@ are never materialized. That function is compiled as a graph-mode graph is
 ops' cache entries, how their inputs are wired, which values are outputs, and
 the shapes of the concrete inputs. The same training step at the same shapes
 therefore runs one cached executable.
+
+On TPU `eager_mode(False)` runs a trace every `platforms.lazy_segment_ops()` ops and records on
+in a new one: executables run asynchronously, so the chip runs one segment while the host records
+the next. The cuts fall at the same op counts at every step of a steady loop, so each segment's
+executable is compiled once. An optimizer step's state creation runs apart from its update
+(fused_optimizer.py), so step 2 records what step 1 did and compiles nothing.
 """
 
 from __future__ import annotations
@@ -107,6 +113,7 @@ _trace: _Trace | None = None
 _executables: dict[tuple, tuple[object, int]] = {}  # key -> (executable, XLA temporary bytes)
 _enabled = False
 _installed = False
+_segment_ops = MAX_OPS  # ops a trace records before it runs and recording goes on in a new one
 
 
 # ---- mode ------------------------------------------------------------------------
@@ -119,9 +126,10 @@ def _install() -> None:
         _installed = True
 
 
-def set_enabled(on: bool) -> None:
-    """Lazy recording on or off; turning it off runs what was recorded."""
-    global _enabled
+def set_enabled(on: bool, segment_ops: int = 0) -> None:
+    """Lazy recording on or off; turning it off runs what was recorded. While on, a trace runs
+    after every `segment_ops` ops (0: only at MAX_OPS) and recording goes on in a new one."""
+    global _enabled, _segment_ops
     _install()
     with _lock:
         try:
@@ -129,6 +137,7 @@ def set_enabled(on: bool) -> None:
                 flush()
         finally:  # the mode changes even when the trace fails to run (out of memory)
             _enabled = on
+            _segment_ops = segment_ops if on and 0 < segment_ops < MAX_OPS else MAX_OPS
             _C._set_lazy_recording(on)
             tensors.lazy = _Recorder if on else None
 
@@ -145,13 +154,17 @@ class eager_mode:
     def __init__(self, enabled: bool):
         self.prev = not _enabled
         self.mode = bool(enabled)
-        set_enabled(not self.mode)
+        self._set(self.mode)
 
     def __enter__(self) -> None:
-        set_enabled(not self.mode)
+        self._set(self.mode)
 
     def __exit__(self, *exc) -> None:
-        set_enabled(not self.prev)
+        self._set(self.prev)
+
+    @staticmethod
+    def _set(eager: bool) -> None:
+        set_enabled(not eager, 0 if eager else platforms.lazy_segment_ops())
 
 
 def is_eager_mode() -> bool:
@@ -322,7 +335,7 @@ def _append(op, inputs: list, rng_data, device: int) -> list[LazyArray]:
     global _trace
     with _lock:
         trace = _trace
-        if trace is not None and (trace.device != device or len(trace.records) >= MAX_OPS):
+        if trace is not None and (trace.device != device or len(trace.records) >= _segment_ops):
             flush()
             trace = None
         if trace is None:

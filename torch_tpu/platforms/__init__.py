@@ -59,6 +59,24 @@ def donates_buffers() -> bool:
     return not (host_memory_buffers() and not shaped_buffers())
 
 
+def lazy_segment_ops() -> int:
+    """How many ops `eager_mode(False)` records before it runs them and records on (0: no limit
+    short of a sync). On TPU, where an executable runs asynchronously, a trace run in segments
+    lets the chip run one segment while the host records the next (a GPT-2 step records ~320
+    ops; recorded as one trace, the chip waits for all of them). The CPU client's programs run on
+    the host's own cores, which recording needs: one trace there. TORCH_TPU_LAZY_SEGMENT_OPS
+    decides elsewise."""
+    setting = os.environ.get("TORCH_TPU_LAZY_SEGMENT_OPS", "").strip()
+    if setting:
+        return max(0, int(setting))
+    return 0 if name() == "cpu" else LAZY_SEGMENT_OPS
+
+
+# A steady loop's segments are the same at every step (cut at the same op counts), so each is
+# compiled once; ~100 ops keep most fusion and make a GPT-2 step four executables.
+LAZY_SEGMENT_OPS = 100
+
+
 def kernels_compile() -> bool:
     """Whether Pallas kernels compile with Mosaic (TPU); elsewhere Pallas interprets them, an
     emulator for testing (kernels/_pallas.py)."""
