@@ -244,11 +244,16 @@ class HbmWatch:
 # ---- running one (model, batch) group ----------------------------------------------------
 
 
-def _counters() -> dict[str, int]:
+def _counters() -> dict[str, float]:
+    """COUNTER_KEYS, and the wall seconds spent compiling ("compile_s") and loading executables
+    from the persistent cache ("load_s"): the rest of a first step is tracing and running."""
     from torch_tpu import metrics
 
     snapshot = metrics.counters()
-    return {k: snapshot.get(k, 0) for k in COUNTER_KEYS}
+    counts: dict[str, float] = {k: snapshot.get(k, 0) for k in COUNTER_KEYS}
+    counts["compile_s"] = sum(metrics.compile_seconds().values())
+    counts["load_s"] = metrics.load_seconds()
+    return counts
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -282,7 +287,7 @@ def _timed(runner, w: Workload, i: int) -> tuple[float, float, dict[str, int]]:
     loss = runner.step(batch)
     seconds = time.perf_counter() - start
     after = _counters()
-    return loss, seconds, {k: after[k] - before[k] for k in COUNTER_KEYS}
+    return loss, seconds, {k: after[k] - before[k] for k in after}
 
 
 def _new_row(w: Workload, mode: str, run_id: str) -> dict:
@@ -409,8 +414,8 @@ class Group:
             return
         row["losses"].append(loss)
         row["step_s"].append(seconds)
-        for k, n in counts.items():
-            row["counter_totals"][k] += n
+        for k in COUNTER_KEYS:
+            row["counter_totals"][k] += counts[k]
 
     def _drop(self, mode: str) -> None:
         import torch
@@ -526,10 +531,16 @@ def _counter_lines(rows: list[dict]) -> list[str]:
             out.append(
                 f"  {r['model']} {r['shape']} {r['mode']}: {c['executions']:.0f} executions, "
                 f"{c['host_transfers']:.0f} host transfers, {c['xla_compiles']:.0f} compiles, "
-                f"{c['cpu_fallbacks']:.0f} fallbacks; first step {r['first_step_counters']['xla_compiles']} "
-                f"XLA compiles, {r['first_step_counters']['persistent_cache_hits']} persistent-cache loads"
+                f"{c['cpu_fallbacks']:.0f} fallbacks; first step {_first_step_text(r['first_step_counters'])}"
             )
     return out
+
+
+def _first_step_text(c: dict) -> str:
+    text = f"{c['xla_compiles']} XLA compiles, {c['persistent_cache_hits']} persistent-cache loads"
+    if "compile_s" in c:  # (rows merged from runs before these were timed have none)
+        text += f" ({c['compile_s']:.1f} s compiling, {c['load_s']:.1f} s loading)"
+    return text
 
 
 def _targets(rows: list[dict], tolerance: float) -> list[str]:

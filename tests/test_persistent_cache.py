@@ -55,6 +55,7 @@ def eager(device):
     return (x.exp() * 3).sum(1).cpu().tolist() + [torch.softmax(torch.ones(15, 4).to(device), -1).sum().item()]
 
 counters = torch_tpu.metrics.counters()
+counters["load_seconds"] = torch_tpu.metrics.load_seconds()
 print(json.dumps({"losses": losses, "eager": eager("tpu"), "cpu": eager("cpu"), "counters": counters}))
 """
 _TIMEOUT = 600
@@ -129,7 +130,7 @@ def test_first_process_compiles_and_fills_the_cache(warm_cache):
     cache, first = warm_cache
     counters = first["counters"]
     assert counters["graph_compiles"] >= 3  # forward, backward, optimizer step
-    assert counters["persistent_cache_hits"] == 0
+    assert counters["persistent_cache_hits"] == 0 and counters["load_seconds"] == 0
     assert counters["traces"] >= counters["graph_compiles"] + counters["op_compiles"]
     assert counters["xla_compiles"] == counters["traces"]
     kinds = {_key_of(p).split("\n", 1)[0] for p in _entries(cache)}
@@ -149,6 +150,7 @@ def test_second_process_from_a_moved_cache_traces_and_compiles_nothing(tmp_path,
     assert counters["graph_compiles"] == 0
     assert counters["op_compiles"] == 0
     assert counters["persistent_cache_hits"] >= first["counters"]["graph_compiles"] + 1
+    assert counters["load_seconds"] > 0  # timed (torch_tpu.metrics.report() shows it)
     assert second["losses"] == first["losses"]
     assert second["eager"] == first["eager"]
     assert "CacheWarning" not in second["stderr"]

@@ -24,6 +24,7 @@ _counts: Counter[str] = Counter()
 _fallback_ops: Counter[str] = Counter()
 _compile_seconds: Counter[str] = Counter()  # kind ("op", "graph") -> total seconds
 _compile_counts: Counter[str] = Counter()  # kind -> compiles timed
+_load_seconds = [0.0]  # executables read from the persistent cache: total wall seconds
 
 
 def bump(key: str, n: int = 1) -> None:
@@ -43,6 +44,16 @@ def record_compile(kind: str, seconds: float) -> None:
 
 def compile_seconds() -> dict[str, float]:
     return dict(_compile_seconds)
+
+
+def record_load(seconds: float) -> None:
+    """Adds one persistent-cache load's wall time (read, check, deserialize)."""
+    _load_seconds[0] += seconds
+
+
+def load_seconds() -> float:
+    """Total wall seconds spent loading executables from the persistent cache."""
+    return _load_seconds[0]
 
 
 def _native_counts() -> dict[str, int]:
@@ -71,6 +82,7 @@ def reset() -> None:
     _fallback_ops.clear()
     _compile_seconds.clear()
     _compile_counts.clear()
+    _load_seconds[0] = 0.0
 
 
 def _hit_rate(hits: int, misses: int) -> str:
@@ -92,7 +104,10 @@ def report(top: int = 20) -> str:
     compiles = snap["op_compiles"] + snap["graph_compiles"]
     persistent = snap["persistent_cache_hits"]
     if persistent or compiles:
-        lines.append(f"    {'persistent cache':24s} {persistent} executables loaded from disk ({compiles} compiles)")
+        lines.append(
+            f"    {'persistent cache':24s} {persistent} executables loaded from disk in {_load_seconds[0]:.3f} s "
+            f"({compiles} compiles)"
+        )
     if _compile_seconds:
         lines.append("  compile time (trace + XLA compile, wall):")
         for kind, seconds in sorted(_compile_seconds.items()):

@@ -25,6 +25,7 @@ import os
 import pickle
 import re
 import sys
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -231,6 +232,7 @@ def load(key: str | None) -> tuple[Any, Any] | None:
     store = persistent_cache.store()
     if key is None or store is None:
         return None
+    start = time.perf_counter()
     body = store.get(key)
     if body is None:
         return None
@@ -244,6 +246,7 @@ def load(key: str | None) -> tuple[Any, Any] | None:
         persistent_cache._warn(f"entry for {kind} not loadable ({type(error).__name__}); compiling again")
         return None
     metrics.bump("persistent_cache_hits")
+    metrics.record_load(time.perf_counter() - start)
     return found
 
 
