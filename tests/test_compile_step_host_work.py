@@ -74,3 +74,30 @@ def test_a_compiled_step_keeps_the_optimizer_on_the_device(fresh_dynamo):
 
 def test_an_optimizer_stepped_eagerly_first_still_matches_cpu(fresh_dynamo):
     _check_steady_step_and_cpu_match(eager_first=True)
+
+
+def test_a_compiled_step_creates_the_optimizer_state_in_one_program(fresh_dynamo):
+    """Dynamo runs `_init_group` eagerly: its zero fills (one op compile per parameter shape, ~1 s
+    each on TPU) are recorded and run as one program."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(4, 5).to("tpu")
+
+    @torch.compile(backend="tpu")
+    def step():
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    torch_tpu.sync()
+    torch_tpu.metrics.reset()
+    step()
+    torch_tpu.sync()
+    counters = torch_tpu.metrics.counters()
+    assert counters.get("lazy_runs", 0) == 1, counters
+    assert len(optimizer.state) == 4
+    assert all(s["exp_avg"].device.type == "tpu" and s["step"].item() == 1 for s in optimizer.state.values())
+    assert torch_tpu.is_eager_mode()  # recording ended with the state creation
