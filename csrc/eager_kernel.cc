@@ -482,6 +482,10 @@ class OpState {
   // Runs a cached entry (an in-place op's caller holds self's lock); false (nothing changed)
   // sends the call to the Python kernel.
   bool run(const Entry& entry, torch::jit::Stack* stack, Call& call) const {
+    const JaxChecks& checks = g_jax_checks;
+    if (checks.get == nullptr || checks.on(checks.nans) || checks.on(checks.infs)) {
+      return false;  // the Python kernel applies jax's nan/inf checks
+    }
     const auto args = torch::jit::last(stack, num_args_);
     py::list inputs;
     const bool direct = direct_call_allowed(entry, call);
@@ -546,8 +550,13 @@ class OpState {
 
   // Runs the call with the op's CPU kernel on its tensors' host memory (host_tier.h): in place
   // into a writable view of self's buffer, or fresh CPU results wrapped as tpu tensors. False
-  // (no Python error set) if the CPU kernel raised: the Python kernel then runs the call.
+  // (no Python error set) if the CPU kernel raised: the Python kernel then runs the call. Also
+  // false while jax's nan/inf checks are on: they apply to the executable's results only.
   bool run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack, int device) const {
+    const JaxChecks& checks = g_jax_checks;
+    if (checks.get == nullptr || checks.on(checks.nans) || checks.on(checks.infs)) {
+      return false;
+    }
     const auto args = torch::jit::last(stack, num_args_);
     torch::jit::Stack host;
     host.reserve(num_args_);
@@ -616,13 +625,9 @@ class OpState {
   }
 
   // Whether `call` may skip jax's call layer: its numbers can go in as device scalars (else jax
-  // turns them into arrays) and jax's nan/inf checks (jax_debug_nans, jax_debug_infs) are off.
+  // turns them into arrays). (`run` has left jax's nan/inf checks to the Python kernel.)
   static bool direct_call_allowed(const Entry& entry, const Call& call) {
-    if (!entry.execute || (call.numbers && g_scalar_hook == nullptr)) {
-      return false;
-    }
-    const JaxChecks& checks = g_jax_checks;
-    return checks.get != nullptr && !checks.on(checks.nans) && !checks.on(checks.infs);
+    return entry.execute && !(call.numbers && g_scalar_hook == nullptr);
   }
 
   // The op's Python kernel, called as torch.library calls a Python kernel; on a miss (`missed`

@@ -416,8 +416,11 @@ def _execute(entry: Entry, lowering: Lowering, call: Call, device: int, compile_
     rng = None
     if lowering.random:
         rng = key_from_data_jit(key_data(call.generator, device, 1)[0])
+    run = entry.run
+    if entry.traceable is not None and (jax.config.jax_debug_nans or jax.config.jax_debug_infs):
+        run = entry.traceable  # jax.jit's call applies them; a compiled executable's may not
     try:
-        flat = entry.run(call.inputs, rng)
+        flat = run(call.inputs, rng)
     except jax.errors.JaxRuntimeError as error:
         memory.raise_if_out_of_memory(error, device, f"running {op}")
         raise

@@ -151,7 +151,10 @@ def _compile_in_background(first_call, inputs: list, level: str, dtype: torch.dt
 def run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: list, device: int, entry=None):
     """The call on the host tier, or FAILED when its CPU kernel raised or its fresh results are
     not laid out as `entry`'s executable's will be (the executable then runs the call, as it
-    would have without the host tier, and raises what it raises). Out of memory raises."""
+    would have without the host tier, and raises what it raises), and while jax's nan/inf checks
+    are on (they check executables' results). Out of memory raises."""
+    if jax.config.jax_debug_nans or jax.config.jax_debug_infs:
+        return FAILED
     try:
         result = host_tier.run(op, args, kwargs, device, mutable_tensors(plan, bound))
     except torch.OutOfMemoryError:  # (a tensor's value could not be computed): the executable's would fail too
