@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--activation-memory-budget", type=float, default=None, help="as in tpu_training.py")
     parser.add_argument("--stacks-after", type=float, default=None, help="print every thread's stack and exit then")
     args = parser.parse_args(argv)
     if args.stacks_after:
@@ -100,8 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     import jax
+    import torch
     import tpu_models
     import tpu_training
+
+    if args.activation_memory_budget is not None:
+        import torch._functorch.config
+
+        torch._functorch.config.activation_memory_budget = args.activation_memory_budget
 
     n_steps = args.warmup + args.steps
     (w,) = tpu_models.workloads([args.model], [args.batch], args.batch, args.tiny, n_steps)

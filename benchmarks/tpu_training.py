@@ -687,6 +687,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--interleave", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode= for the compiled modes")
+    parser.add_argument(
+        "--activation-memory-budget",
+        type=float,
+        default=None,
+        help="torch._functorch.config.activation_memory_budget for the compiled modes (1.0: keep what "
+        "min-cut keeps; lower recomputes more in the backward)",
+    )
     parser.add_argument("--cache-dir", default=None, help="torch_tpu's persistent compile cache (default: fresh)")
     parser.add_argument("--commit", default=None, help="torch_tpu's commit to print, where the tree has no .git")
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: from the device kind")
@@ -730,6 +737,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch_tpu
 
+    if args.activation_memory_budget is not None:
+        import torch._functorch.config
+
+        torch._functorch.config.activation_memory_budget = args.activation_memory_budget
     watch = HbmWatch()
     kind = jax.devices()[0].device_kind
     peak = args.peak_tflops or PEAK_TFLOPS.get(kind)
