@@ -207,20 +207,9 @@ def _fn_op(fn, static: tuple, treedef, leaves: list) -> _FnOp:
             return jax.tree_util.tree_leaves(call(inputs))
 
         out = jax.eval_shape(call, [_aval(x) for x in leaves])
-        persist = executable_cache.stable_text((_named(fn), _named(static), str(treedef), key[3]))
+        persist = executable_cache.stable_text((fn, static, str(treedef), key[3]))
         op = _fn_ops[key] = _FnOp(run, out, persist)
     return op
-
-
-def _named(value):
-    """`value` with its functions as their import names (module.qualname), for a persistent key;
-    a nested function or lambda stays itself, and its address makes the key unstable."""
-    if type(value) is tuple:
-        return tuple(_named(v) for v in value)
-    if callable(value) and not isinstance(value, type):
-        name = getattr(value, "__qualname__", "<")
-        return value if "<" in name else f"{value.__module__}.{name}"
-    return value
 
 
 def _reshape(shape, x):

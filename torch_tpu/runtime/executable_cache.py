@@ -129,9 +129,22 @@ def _file_digest(path: str) -> bytes:
         return b"?"
 
 
+def named(value: Any) -> Any:
+    """`value` with its functions as their import names (module.qualname), inside tuples and
+    lists too; a nested function, a lambda or a bound method (whose object may hold state)
+    stays itself: its repr holds an address."""
+    if type(value) in (tuple, list):
+        return type(value)(named(v) for v in value)
+    if callable(value) and not isinstance(value, type) and not inspect.ismethod(value):
+        name = getattr(value, "__qualname__", "<")
+        return value if "<" in name else f"{value.__module__}.{name}"
+    return value
+
+
 def stable_text(value: Any) -> str | None:
-    """`repr(value)` if it reads the same in every process (no addresses, no lambdas), else None."""
-    text = repr(value)
+    """`repr(value)`, functions named by their import names, if it reads the same in every
+    process (no addresses, no lambdas), else None."""
+    text = repr(named(value))
     return None if _ADDRESS.search(text) else text
 
 
