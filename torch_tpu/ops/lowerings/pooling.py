@@ -53,18 +53,25 @@ def _windows(x, nd, kernel, stride, padding, dilation, ceil_mode, fill):
         start = [0] * lead + [o * d for o, d in zip(offs, dilation)]
         limit = list(xp.shape[:lead]) + [s + (o - 1) * st + 1 for s, o, st in zip(start[lead:], outs, stride)]
         taps.append(lax.slice(xp, start, limit, [1] * lead + list(stride)))
-        coords = np.meshgrid(
-            *[np.arange(o) * st - p + off * d for o, st, p, off, d in zip(outs, stride, padding, offs, dilation)],
-            indexing="ij",
-        )
-        inside = np.ones(outs, bool)
-        flat = np.zeros(outs, np.int64)
-        for c, s in zip(coords, sizes):
-            inside &= (c >= 0) & (c < s)
-            flat = flat * s + c
+        inside, flat = _tap_positions(offs, sizes, outs, stride, padding, dilation)
         valid.append(inside)
         index.append(flat)
     return jnp.stack(taps, axis=lead), np.stack(valid), np.stack(index)
+
+
+def _tap_positions(offs, sizes, outs, stride, padding, dilation) -> tuple[np.ndarray, np.ndarray]:
+    """For kernel tap `offs`, over the output grid `outs`: a static mask of the outputs whose tap
+    lies inside the input plane `sizes`, and the tap's flat in-plane index (int64)."""
+    coords = np.meshgrid(
+        *[np.arange(o) * st - p + off * d for o, st, p, off, d in zip(outs, stride, padding, offs, dilation)],
+        indexing="ij",
+    )
+    inside = np.ones(outs, bool)
+    flat = np.zeros(outs, np.int64)
+    for c, size in zip(coords, sizes):
+        inside &= (c >= 0) & (c < size)
+        flat = flat * size + c
+    return inside, flat
 
 
 def _lowest(dtype):
@@ -139,15 +146,7 @@ def _max_pool_backward(nd, grad, self, kernel_size, stride, padding, dilation, c
     indices = indices.astype(index_dtype)
     total = None
     for offs in itertools.product(*[range(k) for k in kernel]):
-        coords = np.meshgrid(
-            *[np.arange(o) * st - p + off * d for o, st, p, off, d in zip(outs, stride, padding, offs, dilation)],
-            indexing="ij",
-        )
-        inside = np.ones(outs, bool)
-        flat = np.zeros(outs, np.int64)
-        for c, size in zip(coords, sizes):
-            inside &= (c >= 0) & (c < size)
-            flat = flat * size + c
+        inside, flat = _tap_positions(offs, sizes, outs, stride, padding, dilation)
         if not inside.any():
             continue
         picked = (indices == jnp.asarray(flat.astype(index_dtype))) & jnp.asarray(inside)
