@@ -482,8 +482,7 @@ class OpState {
   // Runs a cached entry (an in-place op's caller holds self's lock); false (nothing changed)
   // sends the call to the Python kernel.
   bool run(const Entry& entry, torch::jit::Stack* stack, Call& call) const {
-    const JaxChecks& checks = g_jax_checks;
-    if (checks.get == nullptr || checks.on(checks.nans) || checks.on(checks.infs)) {
+    if (g_jax_checks.any_on()) {
       return false;  // the Python kernel applies jax's nan/inf checks
     }
     const auto args = torch::jit::last(stack, num_args_);
@@ -553,8 +552,7 @@ class OpState {
   // (no Python error set) if the CPU kernel raised: the Python kernel then runs the call. Also
   // false while jax's nan/inf checks are on: they apply to the executable's results only.
   bool run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack, int device) const {
-    const JaxChecks& checks = g_jax_checks;
-    if (checks.get == nullptr || checks.on(checks.nans) || checks.on(checks.infs)) {
+    if (g_jax_checks.any_on()) {
       return false;
     }
     const auto args = torch::jit::last(stack, num_args_);

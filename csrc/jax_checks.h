@@ -29,6 +29,9 @@ struct JaxChecks {
     return found;
   }
 
+  // Whether either check is on (or this jax's settings are unknown).
+  bool any_on() const { return get == nullptr || on(nans) || on(infs); }
+
   bool on(PyObject* state) const {
     PyObject* v = PyObject_CallOneArg(get, state);
     if (v == nullptr) {

@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -24,6 +25,13 @@ from torch_tpu.ops.tensors import to_jax
 from torch_tpu.platforms.cpu import host_tier
 from torch_tpu.runtime import executable_cache
 from torch_tpu.runtime.global_arrays import host_value
+
+
+def jax_value_checks_on() -> bool:
+    """Whether jax's nan/inf checks (jax_debug_nans, jax_debug_infs) are on. jax applies them in
+    jax.jit's call, so an eager op then runs through its jax.jit function, never through a
+    cached executable directly nor on the CPU client's host tier."""
+    return bool(jax.config.jax_debug_nans or jax.config.jax_debug_infs)
 
 
 @executable_cache.jit

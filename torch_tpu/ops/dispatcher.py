@@ -23,7 +23,7 @@ from torch._ops import OpOverload
 from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.device import memory
 from torch_tpu.ops import growing, host_tier_calls, precision, spmd, storage_locks, tensors, view_gathers
-from torch_tpu.ops.checks import check_no_overlap
+from torch_tpu.ops.checks import check_no_overlap, jax_value_checks_on
 from torch_tpu.ops.op_entries import (
     Call,
     Entry,
@@ -417,7 +417,7 @@ def _execute(entry: Entry, lowering: Lowering, call: Call, device: int, compile_
     if lowering.random:
         rng = key_from_data_jit(key_data(call.generator, device, 1)[0])
     run = entry.run
-    if entry.traceable is not None and (jax.config.jax_debug_nans or jax.config.jax_debug_infs):
+    if entry.traceable is not None and jax_value_checks_on():
         run = entry.traceable  # jax.jit's call applies them; a compiled executable's may not
     try:
         flat = run(call.inputs, rng)

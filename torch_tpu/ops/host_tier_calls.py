@@ -16,8 +16,8 @@ import torch
 from torch._ops import OpOverload
 
 from torch_tpu import metrics
+from torch_tpu.ops import checks, precision, spmd, tensors
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import precision, spmd, tensors
 from torch_tpu.ops.dtypes import to_numpy_dtype
 from torch_tpu.ops.op_entries import (
     Call,
@@ -153,7 +153,7 @@ def run_on_host(op: OpOverload, plan: OpPlan, args: tuple, kwargs: dict, bound: 
     not laid out as `entry`'s executable's will be (the executable then runs the call, as it
     would have without the host tier, and raises what it raises), and while jax's nan/inf checks
     are on (they check executables' results). Out of memory raises."""
-    if jax.config.jax_debug_nans or jax.config.jax_debug_infs:
+    if checks.jax_value_checks_on():
         return FAILED
     try:
         result = host_tier.run(op, args, kwargs, device, mutable_tensors(plan, bound))
