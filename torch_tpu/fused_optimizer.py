@@ -115,13 +115,21 @@ def _fused(step: Callable) -> Callable:
 
 
 @contextlib.contextmanager
-def _state_apart(optimizer: Optimizer) -> Iterator[None]:
-    """Runs what is recorded before and after each `_init_group` call of `optimizer` (see the
-    module's docstring); an optimizer without one records as it is."""
+def wrapping_init_group(optimizer: Optimizer, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """While inside, `optimizer._init_group` is `wrap(its own _init_group)` (an instance attribute,
+    deleted on exit); an optimizer without one, or wrapped already, stays as it is."""
     init = getattr(optimizer, "_init_group", None)
     if init is None or "_init_group" in vars(optimizer):
         yield
         return
+    optimizer._init_group = wrap(init)
+    try:
+        yield
+    finally:
+        del optimizer._init_group
+
+
+def _flushed_around(init: Callable) -> Callable:
     from torch_tpu.ops import tensors
 
     def init_group(*args, **kwargs):
@@ -130,11 +138,13 @@ def _state_apart(optimizer: Optimizer) -> Iterator[None]:
         tensors.lazy.flush()
         return result
 
-    optimizer._init_group = init_group
-    try:
-        yield
-    finally:
-        del optimizer._init_group
+    return init_group
+
+
+def _state_apart(optimizer: Optimizer):
+    """Runs what is recorded before and after each `_init_group` call of `optimizer` (see the
+    module's docstring); an optimizer without one records as it is."""
+    return wrapping_init_group(optimizer, _flushed_around)
 
 
 def _flush_recording() -> None:

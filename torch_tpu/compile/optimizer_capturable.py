@@ -16,7 +16,6 @@ recorded lazily (compile/lazy.py) and runs as one program.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 
 def _all_tpu_and_fresh(optimizer, group: dict) -> bool:
@@ -34,17 +33,8 @@ def _all_tpu(optimizer) -> bool:
     return bool(params) and all(p.device.type == "tpu" for p in params)
 
 
-@contextlib.contextmanager
-def _state_in_one_program(optimizer) -> Iterator[None]:
-    """While dynamo calls `optimizer._init_group` eagerly, its ops are recorded and run as one
-    program when it returns (unless ops are recorded already, or the state is placed by SPMD)."""
+def _recorded_as_one_program(init):
     from torch_tpu.compile import lazy
-    from torch_tpu.ops import spmd
-
-    init = getattr(optimizer, "_init_group", None)
-    if init is None or "_init_group" in vars(optimizer) or lazy.enabled() or spmd.layer is not None:
-        yield
-        return
 
     def init_group(*args, **kwargs):
         lazy.set_enabled(True)
@@ -53,11 +43,19 @@ def _state_in_one_program(optimizer) -> Iterator[None]:
         finally:
             lazy.set_enabled(False)  # runs the recorded state creation
 
-    optimizer._init_group = init_group
-    try:
-        yield
-    finally:
-        del optimizer._init_group
+    return init_group
+
+
+def _state_in_one_program(optimizer):
+    """While dynamo calls `optimizer._init_group` eagerly, its ops are recorded and run as one
+    program when it returns (unless ops are recorded already, or the state is placed by SPMD)."""
+    from torch_tpu import fused_optimizer
+    from torch_tpu.compile import lazy
+    from torch_tpu.ops import spmd
+
+    if lazy.enabled() or spmd.layer is not None:
+        return contextlib.nullcontext()
+    return fused_optimizer.wrapping_init_group(optimizer, _recorded_as_one_program)
 
 
 def install() -> None:
