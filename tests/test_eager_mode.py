@@ -132,22 +132,33 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
 
 
-def test_lazy_mlp_training_matches_cpu_with_few_executables():
+def _mlps_and_data(steps: int):
+    """The same MLP on CPU and tpu, an AdamW for each, `steps` batches on CPU, and the CPU
+    model's losses over them (its parameters then hold the CPU result)."""
     torch.manual_seed(0)
     model_cpu = _mlp()
     model = copy.deepcopy(model_cpu).to("tpu")
     opt_cpu = torch.optim.AdamW(model_cpu.parameters(), lr=1e-2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(20)]
-    batches = [(x.to("tpu"), y.to("tpu")) for x, y in data]
-
+    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(steps)]
     losses_cpu = []
     for x, y in data:
-        opt_cpu.zero_grad()
         loss = nn.functional.mse_loss(model_cpu(x), y)
         loss.backward()
         opt_cpu.step()
+        opt_cpu.zero_grad()
         losses_cpu.append(loss.item())
+    return model_cpu, model, opt, data, losses_cpu
+
+
+def _assert_same_parameters(model, model_cpu) -> None:
+    for p, p_cpu in zip(model.parameters(), model_cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_lazy_mlp_training_matches_cpu_with_few_executables():
+    model_cpu, model, opt, data, losses_cpu = _mlps_and_data(20)
+    batches = [(x.to("tpu"), y.to("tpu")) for x, y in data]
 
     torch_tpu.metrics.reset()
     losses, compiles, runs = [], [], []
@@ -171,8 +182,7 @@ def test_lazy_mlp_training_matches_cpu_with_few_executables():
     assert runs == [3] + [2] * 19, runs
     assert counts["graph_cache_hits"] == 38
     assert losses == pytest.approx(losses_cpu, rel=1e-5, abs=1e-6)
-    for p, p_cpu in zip(model.parameters(), model_cpu.parameters()):
-        torch.testing.assert_close(p.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
+    _assert_same_parameters(model, model_cpu)
 
 
 def test_a_lazy_loop_in_segments_matches_one_trace(monkeypatch):
@@ -180,19 +190,8 @@ def test_a_lazy_loop_in_segments_matches_one_trace(monkeypatch):
     segment while the host records the next): the same results, cut at the same ops every step,
     so from step 2 every segment is a cached executable."""
     monkeypatch.setenv("TORCH_TPU_LAZY_SEGMENT_OPS", "4")
-    torch.manual_seed(0)
-    model_cpu = _mlp()
-    model = copy.deepcopy(model_cpu).to("tpu")
-    opt_cpu = torch.optim.AdamW(model_cpu.parameters(), lr=1e-2)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(5)]
-    losses, losses_cpu, steps = [], [], []
-    for x, y in data:
-        loss = nn.functional.mse_loss(model_cpu(x), y)
-        loss.backward()
-        opt_cpu.step()
-        opt_cpu.zero_grad()
-        losses_cpu.append(loss.item())
+    model_cpu, model, opt, data, losses_cpu = _mlps_and_data(5)
+    losses, steps = [], []
     with torch_tpu.eager_mode(False):
         for x, y in data:
             before = _counts()
@@ -208,8 +207,7 @@ def test_a_lazy_loop_in_segments_matches_one_trace(monkeypatch):
     assert steps[2:] == [steps[1]] * 3, steps
     assert [s["graph_compiles"] for s in steps[1:]] == [0] * 4, steps
     assert losses == pytest.approx(losses_cpu, rel=1e-5, abs=1e-6)
-    for p, p_cpu in zip(model.parameters(), model_cpu.parameters()):
-        torch.testing.assert_close(p.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
+    _assert_same_parameters(model, model_cpu)
 
 
 class _TinyLM(nn.Module):
