@@ -1,9 +1,11 @@
 """What a compiled forward keeps in HBM for its backward: no value the backward reads only the
 shape of (the float32 log-probs an autocast cross_entropy hands nll_loss are vocabulary x tokens
-x 4 bytes, 0.8 GB for a GPT-2 batch of 4 x 1024)."""
+x 4 bytes, 0.8 GB for a GPT-2 batch of 4 x 1024), and no max pool indices (int64: a pair of u32
+words on TPU), which the backward finds again from the pool's input."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -39,3 +41,40 @@ def test_autocast_cross_entropy_keeps_no_float32_log_probs(monkeypatch):
     torch.testing.assert_close(loss.cpu(), expected.cpu())
     torch.testing.assert_close(tpu.weight.grad.cpu(), eager.weight.grad.cpu())
     torch.testing.assert_close(tpu.bias.grad.cpu(), eager.bias.grad.cpu())
+
+
+def _saved(runners) -> list:
+    (forward,) = [r for r in runners if r.name.startswith("forward")]
+    return [n.meta.get("val") for n in forward.gm.graph.output_node().args[0] if isinstance(n, torch.fx.Node)]
+
+
+@pytest.mark.parametrize(
+    "nd,k,stride,padding,dilation,ceil_mode",
+    [
+        (2, 3, 2, 1, 1, False),  # ResNet's stem pool: overlapping windows, stride 2
+        (2, [3], [1], [1], [1], False),  # one size for both dims; every input in several windows
+        (2, 2, 3, 0, 1, True),  # gaps between windows; a last window past the input
+        (3, (2, 3, 2), (1, 2, 2), (1, 1, 0), (2, 1, 1), True),
+    ],
+)
+def test_compiled_max_pool_keeps_no_indices_and_matches_cpu(monkeypatch, nd, k, stride, padding, dilation, ceil_mode):
+    runners = graph_runners(monkeypatch)
+    pool = torch.nn.functional.max_pool2d if nd == 2 else torch.nn.functional.max_pool3d
+    x = torch.randint(0, 3, (2, 3, *[9] * nd)).float()  # ties in most windows
+    x.view(-1)[7] = float("nan")
+    x.view(-1)[40] = -float("inf")
+    weights = torch.randn(pool(x, k, stride, padding, dilation, ceil_mode).shape)
+
+    def fn(x, weights):
+        return (pool(x, k, stride, padding, dilation, ceil_mode) * weights).sum()
+
+    expected = x.clone().requires_grad_()
+    fn(expected, weights).backward()
+    tpu = x.to("tpu").requires_grad_()
+    torch.compile(fn, backend="tpu")(tpu, weights.to("tpu")).backward()
+
+    assert not [v for v in _saved(runners) if isinstance(v, torch.Tensor) and v.dtype == torch.int64]
+    (backward,) = [r for r in runners if r.name.startswith("backward")]
+    targets = {str(n.target) for n in backward.gm.graph.nodes if n.op == "call_function"}
+    assert "tpu_kernels.max_pool_backward_from_input.default" in targets, targets
+    torch.testing.assert_close(tpu.grad.cpu(), expected.grad, equal_nan=True)

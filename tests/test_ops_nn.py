@@ -139,9 +139,11 @@ def test_max_pool_lowers_without_gather_or_scatter():
     x = jax.ShapeDtypeStruct((2, 4, 12, 12), jax.numpy.bfloat16)
     fwd, bwd = pooling.max_pool2d_with_indices, pooling.max_pool2d_with_indices_backward
     out, idx = jax.eval_shape(lambda x: fwd(x, [3, 3], [2, 2], [1, 1]), x)
+    from_input = pooling.max_pool_backward_from_input  # compiled graphs' backward
     jaxprs = [
         jax.make_jaxpr(lambda x: fwd(x, [3, 3], [2, 2], [1, 1]))(x),
         jax.make_jaxpr(lambda g, x, i: bwd(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, i))(out, x, idx),
+        jax.make_jaxpr(lambda g, x: from_input(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False))(out, x),
     ]
     for jaxpr in jaxprs:
         text = str(jaxpr)

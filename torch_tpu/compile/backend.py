@@ -52,11 +52,15 @@ def _graph_lowerable(op: OpOverload) -> bool:
 
 @functools.cache
 def decompositions() -> dict:
-    """PyTorch's decompositions of the ops that have no jax lowering, and the shape-only rewrites."""
+    """PyTorch's decompositions of the ops that have no jax lowering, the shape-only rewrites, and
+    max pooling's backward from its input (ops/max_pool_graph.py)."""
     from torch._decomp import decomposition_table
 
+    from torch_tpu.ops import max_pool_graph
+
     table = decomposition_table.items()
-    return {op: fn for op, fn in table if isinstance(op, OpOverload) and not _graph_lowerable(op)} | _SHAPE_ONLY_INPUTS
+    lowerable = {op: fn for op, fn in table if isinstance(op, OpOverload) and not _graph_lowerable(op)}
+    return lowerable | _SHAPE_ONLY_INPUTS | max_pool_graph.graph_decompositions()
 
 
 _rewriting = threading.local()

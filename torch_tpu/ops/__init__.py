@@ -18,15 +18,17 @@ _libraries: list[torch.library.Library] = []
 
 
 def install() -> None:
-    """Imports every module of ops/lowerings/ (and kernels/sdpa.py, aten's SDPA entry points, and
-    ops/autocast_linear.py, autocast's fused linear), then registers each table's kernels on its
-    dispatch key, the derived variants and the fallback."""
+    """Imports every module of ops/lowerings/ (and kernels/sdpa.py, aten's SDPA entry points,
+    ops/autocast_linear.py, autocast's fused linear, and ops/max_pool_graph.py, graphs' max pool
+    backward), then registers each table's kernels on its dispatch key, the derived variants and
+    the fallback."""
     if _libraries:
         return
     for module in pkgutil.iter_modules(lowerings.__path__):
         importlib.import_module(f"{lowerings.__name__}.{module.name}")
     importlib.import_module("torch_tpu.kernels.sdpa")
     importlib.import_module("torch_tpu.ops.autocast_linear")
+    importlib.import_module("torch_tpu.ops.max_pool_graph")
     host_tier.install()
     deferred_checks.install()
     _C._set_scalar_hook(scalars.device_scalar)

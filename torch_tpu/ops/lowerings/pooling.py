@@ -87,11 +87,8 @@ def _narrow_index(index):
     return index
 
 
-def _max_select(taps, valid, index, axis):
-    """Max over the tap axis and CPU's index: the first max, or the last nan.
-
-    The index is picked with a one-hot sum over the taps, not a gather: XLA:TPU runs a gather
-    over every output element ~100x slower (ResNet-50's first max pool: 0.8 s a step)."""
+def _max_tap(taps, valid, axis):
+    """Max over the tap axis and which tap CPU picks: the first max, or the last nan."""
     valid = jnp.asarray(valid)
     m = jnp.max(taps, axis=axis)
     hit = (taps == jnp.expand_dims(m, axis)) & valid
@@ -100,6 +97,15 @@ def _max_select(taps, valid, index, axis):
         nan = jnp.isnan(taps) & valid
         last_nan = taps.shape[axis] - 1 - jnp.argmax(jnp.flip(nan, axis), axis=axis)
         k = jnp.where(jnp.any(nan, axis=axis), last_nan, k)
+    return m, k
+
+
+def _max_select(taps, valid, index, axis):
+    """Max over the tap axis and CPU's index of it (`_max_tap`).
+
+    The index is picked with a one-hot sum over the taps, not a gather: XLA:TPU runs a gather
+    over every output element ~100x slower (ResNet-50's first max pool: 0.8 s a step)."""
+    m, k = _max_tap(taps, valid, axis)
     tap = lax.broadcasted_iota(k.dtype, taps.shape, axis if axis >= 0 else taps.ndim + axis)
     index = jnp.asarray(_narrow_index(index))
     idx = jnp.sum(jnp.where(tap == jnp.expand_dims(k, axis), index, jnp.zeros((), index.dtype)), axis=axis)
@@ -133,39 +139,85 @@ def _scatter_to_plane(grad, indices, input_shape, nd):
     return out.reshape(input_shape)
 
 
-def _max_pool_backward(nd, grad, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    """grad_input without a scatter: for each kernel tap, the grads whose index is that tap's
-    input position, spread onto the padded plane by an interior-padded `lax.pad` (dense, as
-    fast as a copy on TPU, where a scatter of every output element costs ~100x that)."""
-    kernel, stride, padding, dilation = _pool_params(nd, kernel_size, stride, padding, dilation)
-    sizes = self.shape[-nd:]
-    outs = grad.shape[-nd:]
-    lead = self.ndim - nd
-    g = to_opmath(grad)
-    index_dtype = jnp.int32 if math.prod(sizes) < 2**31 else indices.dtype
-    indices = indices.astype(index_dtype)
-    total = None
-    for offs in itertools.product(*[range(k) for k in kernel]):
+def _taps_to_plane(tap_grads, input_shape, outs, kernel, stride, padding, dilation, dtype):
+    """grad_input in `dtype` from each kernel tap's grads, `(offs, (..., *outs) array)` pairs: tap
+    `offs` of output o lies on input position o * stride + offs * dilation - padding.
+
+    Dense, without a scatter (which XLA:TPU runs ~100x slower than a copy) and without one
+    full-plane write per tap: the plane is cut into stride^nd phases (the positions congruent
+    to each phase modulo the stride), every tap adds, shifted, to one phase's grid, and one
+    interleave of the phase grids writes the plane."""
+    nd = len(kernel)
+    lead_shape = tuple(input_shape[: len(input_shape) - nd])
+    lead = len(lead_shape)
+    cells = [-(-size // st) for size, st in zip(input_shape[lead:], stride)]  # a phase grid's extent
+    grids: dict[tuple[int, ...], jax.Array] = {}
+    zero = None
+    for offs, value in tap_grads:
+        zero = jnp.zeros((), value.dtype)
+        phase, pads = [], [(0, 0, 0)] * lead
+        for off, d, p, st, o, c in zip(offs, dilation, padding, stride, outs, cells):
+            shift, ph = divmod(off * d - p, st)
+            phase.append(ph)
+            pads.append((shift, c - o - shift, 0))  # negative pads crop what falls outside the plane
+        shifted = lax.pad(value, zero, pads)
+        key = tuple(phase)
+        grids[key] = shifted if key not in grids else grids[key] + shifted
+    if zero is None:
+        raise ValueError("no kernel tap lies inside the input")
+    blank = jnp.zeros(lead_shape + tuple(cells), dtype)
+    phases = itertools.product(*[range(st) for st in stride])
+    stacked = jnp.stack([grids[ph].astype(dtype) if ph in grids else blank for ph in phases], lead)
+    stacked = stacked.reshape(lead_shape + tuple(stride) + tuple(cells))
+    # (..., s1..sn, c1..cn) -> (..., c1, s1, ..., cn, sn): position c * s + phase
+    order = list(range(lead)) + [axis for i in range(nd) for axis in (lead + nd + i, lead + i)]
+    plane = stacked.transpose(order).reshape(lead_shape + tuple(c * st for c, st in zip(cells, stride)))
+    return lax.slice(plane, [0] * len(input_shape), list(input_shape))
+
+
+def _inside_taps(nd, input_shape, outs, kernel, stride, padding, dilation):
+    """(tap number, offs, static mask of the outputs whose tap lies inside the input, flat index)
+    for every tap that lies inside the input for some output."""
+    sizes = input_shape[-nd:]
+    for number, offs in enumerate(itertools.product(*[range(k) for k in kernel])):
         inside, flat = _tap_positions(offs, sizes, outs, stride, padding, dilation)
-        if not inside.any():
-            continue
-        picked = (indices == jnp.asarray(flat.astype(index_dtype))) & jnp.asarray(inside)
-        part = jnp.where(picked, g, jnp.zeros((), g.dtype))
-        # tap (off) of output o sits at padded position o * stride + off * dilation
-        pads = [(0, 0, 0)] * lead + [
-            (off * d, (k - 1 - off) * d, st - 1) for off, k, d, st in zip(offs, kernel, dilation, stride)
-        ]
-        part = lax.pad(part, jnp.zeros((), g.dtype), pads)
-        total = part if total is None else total + part
-    if total is None:
-        return jnp.zeros(self.shape, g.dtype)
-    starts = [0] * lead + list(padding)
-    limits = list(self.shape[:lead]) + [p + size for p, size in zip(padding, sizes)]
-    # the padded plane may end short of the input (ceil_mode off, stride leaving rows unused)
-    short = [max(0, lim - t) for lim, t in zip(limits, total.shape)]
-    if any(short):
-        total = lax.pad(total, jnp.zeros((), g.dtype), [(0, h, 0) for h in short])
-    return lax.slice(total, starts, limits)
+        if inside.any():
+            yield number, offs, inside, flat
+
+
+def _max_pool_backward(nd, grad, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """grad_input: each output's grad on the input position `indices` names, tap by tap."""
+    kernel, stride, padding, dilation = _pool_params(nd, kernel_size, stride, padding, dilation)
+    g = to_opmath(grad)
+    index_dtype = jnp.int32 if math.prod(self.shape[-nd:]) < 2**31 else indices.dtype
+    indices = indices.astype(index_dtype)
+    zero = jnp.zeros((), g.dtype)
+    parts = [
+        (offs, jnp.where((indices == jnp.asarray(flat.astype(index_dtype))) & jnp.asarray(inside), g, zero))
+        for _, offs, inside, flat in _inside_taps(nd, self.shape, grad.shape[-nd:], kernel, stride, padding, dilation)
+    ]
+    if not parts:
+        return jnp.zeros(self.shape, grad.dtype)
+    return _taps_to_plane(parts, self.shape, grad.shape[-nd:], kernel, stride, padding, dilation, grad.dtype)
+
+
+def max_pool_backward_from_input(grad, self, kernel_size, stride, padding, dilation, ceil_mode):
+    """max_pool{2,3}d_with_indices_backward with the indices found again from `self` (the same
+    taps, the same first max or last nan): compiled graphs take this one, so the forward's int64
+    indices (emulated with u32 pairs on TPU) are neither kept for the backward nor computed."""
+    nd = len(kernel_size)
+    kernel, stride, padding, dilation = _pool_params(nd, kernel_size, stride, padding, dilation)
+    taps, valid, _ = _windows(self, nd, kernel, stride, padding, dilation, ceil_mode, _lowest(self.dtype))
+    axis = self.ndim - nd
+    _, k = _max_tap(taps, valid, axis)
+    g = to_opmath(grad)
+    zero = jnp.zeros((), g.dtype)
+    outs = grad.shape[-nd:]
+    parts = [
+        (offs, jnp.where(k == number, g, zero))
+        for number, offs, _, _ in _inside_taps(nd, self.shape, outs, kernel, stride, padding, dilation)
+    ]
+    return _taps_to_plane(parts, self.shape, outs, kernel, stride, padding, dilation, grad.dtype)
 
 
 @lower(aten.max_pool2d_with_indices_backward.default)
