@@ -57,12 +57,19 @@ def _saved(runners) -> list:
         (3, (2, 3, 2), (1, 2, 2), (1, 1, 0), (2, 1, 1), True),
     ],
 )
-def test_compiled_max_pool_keeps_no_indices_and_matches_cpu(monkeypatch, nd, k, stride, padding, dilation, ceil_mode):
+@pytest.mark.parametrize("nan_and_inf", [False, True], ids=["finite", "nan_and_inf"])
+def test_compiled_max_pool_keeps_no_indices_and_matches_cpu(
+    monkeypatch, nd, k, stride, padding, dilation, ceil_mode, nan_and_inf
+):
+    """Finite inputs take XLA's select-and-scatter; a nan or -inf, the taps (CPU's last nan)."""
+    torch._dynamo.reset()  # the same code with other inputs: compiled again, graphs captured
     runners = graph_runners(monkeypatch)
     pool = torch.nn.functional.max_pool2d if nd == 2 else torch.nn.functional.max_pool3d
     x = torch.randint(0, 3, (2, 3, *[9] * nd)).float()  # ties in most windows
-    x.view(-1)[7] = float("nan")
-    x.view(-1)[40] = -float("inf")
+    if nan_and_inf:
+        x.view(-1)[7] = float("nan")
+        x.view(-1)[[12, 40]] = -float("inf")
+        x.view(-1)[13] = float("nan")  # two nans in one window
     weights = torch.randn(pool(x, k, stride, padding, dilation, ceil_mode).shape)
 
     def fn(x, weights):
