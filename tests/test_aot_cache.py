@@ -156,3 +156,23 @@ def test_second_process_traces_and_compiles_nothing(tmp_path):
     assert warm["traced"] == 0 and warm["loaded"] == 3
     assert warm["graph_compiles"] == 0
     assert warm["losses"] == cold["losses"]
+
+
+def test_symbolic_sizes_graph_loads(torch_cache):
+    """A graph with symbolic sizes keeps its fake values pickled whole (symbols and all)."""
+
+    def f(x, w):
+        return (x @ w).relu().sum(0)
+
+    g = torch.compile(f, backend="tpu", dynamic=True)
+    w = torch.randn(3, 5, requires_grad=True)
+    xs = [torch.randn(n, 3) for n in (4, 7)]
+    cold = [g(x.to("tpu"), w.detach().to("tpu")).cpu() for x in xs]
+    before = _aot_counts()
+    torch._dynamo.reset()
+    warm = [g(x.to("tpu"), w.detach().to("tpu")).cpu() for x in xs]
+    after = _aot_counts()
+    assert after["hits"] - before["hits"] == 1 and after["traced"] == before["traced"]
+    for x, a, b in zip(xs, cold, warm):
+        torch.testing.assert_close(b, a)
+        torch.testing.assert_close(b, f(x, w.detach()))

@@ -24,11 +24,13 @@ import contextlib
 import hashlib
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._inductor.output_code import OutputCode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import GraphModule
+from torch.utils._mode_utils import no_dispatch
 
 from torch_tpu import metrics
 from torch_tpu.compile import options as compile_options
@@ -54,15 +56,25 @@ class GraphOutput(OutputCode):
         self.gm: GraphModule | None = gm
         self.runner: GraphRunner | None = GraphRunner(gm, f"{kind}{next(graph_ids)}", options)
         self.pickled_graph: bytes | None = None
+        self.fake_values: list | None = None  # the nodes' fake values as _described, or in pickled_graph
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         return self.runner(inputs)
 
     def prepare_for_serialization(self) -> None:
-        """Called on a shallow copy before torch pickles it: the graph as bytes, no runner."""
+        """Called on a shallow copy before torch pickles it: the graph as bytes, no runner. Fake
+        values of static shape are kept as their metadata (`_described`): torch's pickler of fake
+        tensors costs about a second per thousand nodes to load."""
         from torch.fx._graph_pickler import GraphPickler, Options
 
-        self.pickled_graph = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+        described = [_described(node.meta.get("val")) for node in self.gm.graph.nodes]
+        if any(d is _NOT_DESCRIBED for d in described):
+            self.pickled_graph = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+            self.fake_values = None
+        else:
+            options = Options(ops_filter=None, node_metadata_key_filter=lambda key: False)
+            self.pickled_graph = GraphPickler.dumps(self.gm, options)
+            self.fake_values = described
         self.gm = None
         self.runner = None
 
@@ -76,6 +88,9 @@ class GraphOutput(OutputCode):
 
         fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode()
         gm = GraphPickler.loads(self.pickled_graph, fake_mode)
+        if self.fake_values is not None:
+            for node, value in zip(gm.graph.nodes, self.fake_values, strict=True):
+                node.meta["val"] = _fake_of(value, fake_mode)
         gm.recompile()
         self.gm = gm
         self.runner = GraphRunner(gm, f"{self.kind}{next(graph_ids)}", self.options)
@@ -83,6 +98,53 @@ class GraphOutput(OutputCode):
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass
+
+
+_NOT_DESCRIBED = object()
+
+
+class _TensorMeta(NamedTuple):
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: str
+    requires_grad: bool
+
+
+def _described(value: Any) -> Any:
+    """A node's fake value as plain data (tensors as _TensorMeta), or _NOT_DESCRIBED where it
+    holds something else (a symbolic size, a tensor subclass, an opaque object)."""
+    if value is None or type(value) in (bool, int, float, str, torch.dtype, torch.device):
+        return value
+    if type(value) in (list, tuple):
+        items = [_described(v) for v in value]
+        return _NOT_DESCRIBED if any(i is _NOT_DESCRIBED for i in items) else type(value)(items)
+    if isinstance(value, FakeTensor) and value.layout == torch.strided and not value.is_quantized:
+        sizes = (*value.shape, *value.stride(), value.storage_offset())
+        if all(type(n) is int for n in sizes):
+            return _TensorMeta(
+                tuple(value.shape),
+                tuple(value.stride()),
+                value.storage_offset(),
+                value.dtype,
+                str(value.device),
+                value.requires_grad,
+            )
+    return _NOT_DESCRIBED
+
+
+def _fake_of(value: Any, fake_mode) -> Any:
+    """`_described`'s value back, tensors as fake tensors of `fake_mode`."""
+    if isinstance(value, _TensorMeta):
+        extent = 1 + sum((n - 1) * st for n, st in zip(value.shape, value.stride)) if all(value.shape) else 0
+        with no_dispatch():
+            storage = torch.empty(value.offset + extent, dtype=value.dtype, device="meta")
+            elem = storage.as_strided(value.shape, value.stride, value.offset)
+        return FakeTensor(fake_mode, elem, torch.device(value.device), requires_grad=value.requires_grad)
+    if type(value) in (list, tuple):
+        return type(value)(_fake_of(v, fake_mode) for v in value)
+    return value
 
 
 def compiler(kind: str, options: compile_options.CompileOptions):
