@@ -650,17 +650,20 @@ def _git_commit() -> str:
 
 
 def _cache_setup(args) -> str:
-    """Points torch_tpu's persistent cache at --cache-dir or a fresh directory; before torch loads."""
+    """Points torch_tpu's persistent cache at --cache-dir or a fresh directory, and torch's cache
+    directory (the "tpu" backend's aot_autograd results) at its torch/ folder; before torch loads."""
     if "torch" in sys.modules:
         return "as configured (torch was imported first)"
     if args.cache_dir:
         os.environ["TORCH_TPU_CACHE_DIR"] = args.cache_dir
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(args.cache_dir, "torch")
         path = pathlib.Path(args.cache_dir)
         entries = len(list(path.glob("*.xla"))) if path.is_dir() else 0
         return f"{args.cache_dir} ({entries} entries at start)"
     fresh = tempfile.mkdtemp(prefix="tpu_training_cache_")
     atexit.register(shutil.rmtree, fresh, True)
     os.environ["TORCH_TPU_CACHE_DIR"] = fresh
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(fresh, "torch")
     return "fresh (cold)"
 
 

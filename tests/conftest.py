@@ -12,6 +12,10 @@ os.environ.setdefault("TORCH_TPU_PLATFORM", "cpu")
 os.environ.setdefault("TORCH_TPU_ASYNC_COMPILE", "0")
 # The persistent compile cache of this test session, not the user's (removed at its end).
 os.environ.setdefault("TORCH_TPU_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torch_tpu_test_cache_{os.getpid()}"))
+# torch's cache directory too (the "tpu" backend's aot_autograd results go there): this session's.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torch_tpu_test_torch_cache_{os.getpid()}")
+)
 
 import pytest
 import torch
@@ -43,6 +47,9 @@ def pytest_unconfigure(config):
     own = os.path.join(tempfile.gettempdir(), f"torch_tpu_test_cache_{os.getpid()}")
     if os.environ.get("TORCH_TPU_CACHE_DIR") == own:
         shutil.rmtree(own, ignore_errors=True)
+    own_torch = os.path.join(tempfile.gettempdir(), f"torch_tpu_test_torch_cache_{os.getpid()}")
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == own_torch:
+        shutil.rmtree(own_torch, ignore_errors=True)
 
 
 @pytest.fixture

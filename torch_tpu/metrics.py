@@ -18,6 +18,8 @@ _COUNTER_KEYS = (
     "cpu_fallbacks",
     "async_compiles",
     "host_tier_runs",
+    "aot_graphs_compiled",  # graphs aot_autograd traced and handed the "tpu" backend
+    "aot_cache_loads",  # graphs the backend rebuilt from torch's AOTAutogradCache instead
 )
 
 _counts: Counter[str] = Counter()

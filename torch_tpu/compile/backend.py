@@ -11,7 +11,6 @@ CPU and CUDA code.
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
 from collections.abc import Callable
 
@@ -21,8 +20,8 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule
 
 from torch_tpu import debug, platforms
+from torch_tpu.compile import aot_cache
 from torch_tpu.compile import options as compile_options
-from torch_tpu.compile.graph import GraphRunner
 from torch_tpu.ops import registry
 
 # torch_tpu's own machinery runs eagerly even when it is called from a compiled
@@ -39,7 +38,6 @@ _SKIPPED_MODULES = (
     "ml_dtypes",
 )
 
-_graph_ids = itertools.count()
 _previous_inputs: dict[int, list[str]] = {}  # dynamo frame id -> input descriptions of its last compile
 
 
@@ -91,13 +89,6 @@ _SHAPE_ONLY_INPUTS = {
 }
 
 
-def _compiler(kind: str, options: compile_options.CompileOptions):
-    def compile_graph(gm: GraphModule, example_inputs) -> GraphRunner:
-        return GraphRunner(gm, f"{kind}{next(_graph_ids)}", options)
-
-    return compile_graph
-
-
 @functools.cache
 def _aot(options: compile_options.CompileOptions = compile_options.DEFAULT):
     # Imported on first use: registration can run while torch._inductor is half imported.
@@ -108,9 +99,9 @@ def _aot(options: compile_options.CompileOptions = compile_options.DEFAULT):
         # What the backward needs is chosen by min-cut, as inductor does: casts and elementwise
         # results are recomputed in the backward graph instead of kept in HBM between the two.
         partition_fn=min_cut_rematerialization_partition,
-        fw_compiler=_compiler("forward", options),
-        bw_compiler=_compiler("backward", options),
-        inference_compiler=_compiler("inference", options),
+        fw_compiler=aot_cache.compiler("forward", options),
+        bw_compiler=aot_cache.compiler("backward", options),
+        inference_compiler=aot_cache.compiler("inference", options),
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
     )
@@ -166,7 +157,8 @@ def tpu_backend(gm: GraphModule, example_inputs, mode: str | None = None, option
     if not _touches_tpu(gm, example_inputs):
         return gm.forward
     _log_recompile(example_inputs)
-    return _aot(parsed)(gm, example_inputs)
+    with aot_cache.settings(parsed):  # a warm process loads aot_autograd's result (compile/aot_cache.py)
+        return _aot(parsed)(gm, example_inputs)
 
 
 _registered = False

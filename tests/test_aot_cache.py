@@ -1,0 +1,178 @@
+"""aot_autograd's results kept across processes (compile/aot_cache.py): a whole training step
+compiled again (dynamo reset, or a new process) loads its forward, backward and optimizer graphs
+from torch's AOTAutogradCache instead of tracing them with aot_autograd, and runs as the first
+compile did; the key holds torch_tpu's part (the compile options, the build), so another
+configuration traces again."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+from torch.nn import functional as F
+
+import torch_tpu
+
+_PACKAGE_ROOT = pathlib.Path(torch_tpu.__file__).parent.parent  # the package under test
+
+
+def _train(device: str, compile_options: dict | None, steps: int = 2) -> list[float]:
+    """Losses of a small autocast MLP trained by a step compiled whole (forward, backward,
+    AdamW); eager on CPU when `compile_options` is None."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    batches = [(torch.randn(4, 8), torch.randint(0, 4, (4,))) for _ in range(steps)]
+
+    def step(x, y):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "tpu"):
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    if compile_options is not None:
+        step = torch.compile(step, backend="tpu", options=compile_options)
+    return [step(x.to(device), y.to(device)).item() for x, y in batches]
+
+
+def _aot_counts() -> dict[str, int]:
+    c = torch_tpu.metrics.counters()
+    return {
+        "hits": counters["aot_autograd"]["autograd_cache_hit"],
+        "misses": counters["aot_autograd"]["autograd_cache_miss"],
+        "traced": c["aot_graphs_compiled"],  # graphs aot_autograd traced and handed the backend
+        "loaded": c["aot_cache_loads"],  # graphs rebuilt from a stored entry
+        "graph_compiles": c["graph_compiles"],
+    }
+
+
+@pytest.fixture
+def torch_cache(tmp_path, monkeypatch):
+    """torch's cache directory (where the AOTAutogradCache entries go) of this test alone."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
+    torch._dynamo.reset()
+    counters.clear()
+    torch_tpu.metrics.reset()
+    yield tmp_path / "torch"
+    torch._dynamo.reset()
+
+
+def test_step_compiled_again_loads_aot_results(torch_cache):
+    cold = _train("tpu", {})
+    first = _aot_counts()
+    # the forward+backward graph and the optimizer's: traced by aot_autograd (3 graphs) and stored
+    assert first["misses"] == 2 and first["hits"] == 0
+    assert first["traced"] == 3 and first["loaded"] == 0
+    assert counters["aot_autograd"]["autograd_cache_saved"] == 2
+
+    torch._dynamo.reset()  # dynamo and aot_autograd forget everything held in memory
+    warm = _train("tpu", {})
+    second = _aot_counts()
+    assert second["hits"] - first["hits"] == 2 and second["misses"] == first["misses"]
+    assert second["traced"] == first["traced"], "aot_autograd traced a graph again"
+    assert second["loaded"] == 3
+    assert second["graph_compiles"] == first["graph_compiles"], "a graph's executable was compiled again"
+    assert warm == cold
+    reference = _train("cpu", None)
+    torch.testing.assert_close(torch.tensor(warm), torch.tensor(reference), rtol=1.6e-2, atol=1e-2)
+
+
+def test_other_compile_options_miss(torch_cache):
+    _train("tpu", {})
+    before = _aot_counts()
+    torch._dynamo.reset()
+    _train("tpu", {"donate_buffers": True})  # torch_tpu's part of the key changed, the graph did not
+    after = _aot_counts()
+    assert after["hits"] == before["hits"] and after["misses"] - before["misses"] == 2
+    assert after["traced"] - before["traced"] == 3
+
+
+def test_off_without_persistent_cache(torch_cache, monkeypatch):
+    from torch_tpu.compile import aot_cache
+
+    monkeypatch.setattr(aot_cache.persistent_cache, "store", lambda: None)
+    _train("tpu", {})
+    torch._dynamo.reset()
+    _train("tpu", {})
+    counts = _aot_counts()
+    assert counts["hits"] == 0 and counts["traced"] == 6 and counts["loaded"] == 0
+    assert not torch_cache.joinpath("aotautograd").exists()
+
+
+_WARM_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch, torch_tpu
+from torch._dynamo.utils import counters
+import test_aot_cache as t
+losses = t._train("tpu", {})
+print(json.dumps({"losses": losses, **t._aot_counts(), "xla_compiles": torch_tpu.metrics.counters()["xla_compiles"]}))
+"""
+
+
+def _run(tmp_path: pathlib.Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_TPU_DEBUG",)}
+    env.update(
+        TORCH_TPU_CACHE_DIR=str(tmp_path / "tpu"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"),
+        TORCH_TPU_PLATFORM="cpu",
+        TORCH_TPU_ASYNC_COMPILE="0",
+    )
+    env["PYTHONPATH"] = str(_PACKAGE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WARM_SCRIPT, str(pathlib.Path(__file__).parent)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(tmp_path),
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{err[-4000:]}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_second_process_traces_and_compiles_nothing(tmp_path):
+    cold = _run(tmp_path)
+    warm = _run(tmp_path)
+    assert cold["misses"] == 2 and cold["traced"] == 3 and cold["graph_compiles"] > 0
+    assert warm["hits"] == 2 and warm["misses"] == 0
+    assert warm["traced"] == 0 and warm["loaded"] == 3
+    assert warm["graph_compiles"] == 0
+    assert warm["losses"] == cold["losses"]
+
+
+def test_symbolic_sizes_graph_loads(torch_cache):
+    """A graph with symbolic sizes keeps its fake values pickled whole (symbols and all)."""
+
+    def f(x, w):
+        return (x @ w).relu().sum(0)
+
+    g = torch.compile(f, backend="tpu", dynamic=True)
+    w = torch.randn(3, 5, requires_grad=True)
+    xs = [torch.randn(n, 3) for n in (4, 7)]
+    cold = [g(x.to("tpu"), w.detach().to("tpu")).cpu() for x in xs]
+    before = _aot_counts()
+    torch._dynamo.reset()
+    warm = [g(x.to("tpu"), w.detach().to("tpu")).cpu() for x in xs]
+    after = _aot_counts()
+    assert after["hits"] - before["hits"] == 1 and after["traced"] == before["traced"]
+    for x, a, b in zip(xs, cold, warm):
+        torch.testing.assert_close(b, a)
+        torch.testing.assert_close(b, f(x, w.detach()))
