@@ -20,7 +20,6 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule
 
 from torch_tpu import debug, platforms
-from torch_tpu.compile import aot_cache
 from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import registry
 
@@ -95,6 +94,8 @@ def _aot(options: compile_options.CompileOptions = compile_options.DEFAULT):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    from torch_tpu.compile import aot_cache  # torch's OutputCode: torch._inductor, imported whole by now
+
     return aot_autograd(
         # What the backward needs is chosen by min-cut, as inductor does: casts and elementwise
         # results are recomputed in the backward graph instead of kept in HBM between the two.
@@ -157,6 +158,8 @@ def tpu_backend(gm: GraphModule, example_inputs, mode: str | None = None, option
     if not _touches_tpu(gm, example_inputs):
         return gm.forward
     _log_recompile(example_inputs)
+    from torch_tpu.compile import aot_cache
+
     with aot_cache.settings(parsed):  # a warm process loads aot_autograd's result (compile/aot_cache.py)
         return _aot(parsed)(gm, example_inputs)
 
