@@ -34,6 +34,7 @@ from torch.utils._mode_utils import no_dispatch
 
 from torch_tpu import metrics
 from torch_tpu.compile import options as compile_options
+from torch_tpu.compile import saved_layouts
 from torch_tpu.compile.graph import GraphRunner
 from torch_tpu.runtime import executable_cache, persistent_cache
 
@@ -48,13 +49,17 @@ class GraphOutput(OutputCode):
     """One graph aot_autograd compiled, as torch's OutputCode: a GraphRunner over the ATen graph,
     pickled as that graph (with its fake values) and rebuilt from it in `post_compile`."""
 
-    def __init__(self, gm: GraphModule, kind: str, options: compile_options.CompileOptions):
+    def __init__(
+        self, gm: GraphModule, kind: str, options: compile_options.CompileOptions, saved_outputs: tuple[int, ...] = ()
+    ):
         super().__init__()
         self._boxed_call = True
         self.kind = kind
         self.options = options
+        self.saved_outputs = saved_outputs  # a forward's outputs only the backward reads
         self.gm: GraphModule | None = gm
-        self.runner: GraphRunner | None = GraphRunner(gm, f"{kind}{next(graph_ids)}", options)
+        name = f"{kind}{next(graph_ids)}"
+        self.runner: GraphRunner | None = GraphRunner(gm, name, options, saved_outputs=saved_outputs)
         self.pickled_graph: bytes | None = None
         self.fake_values: list | None = None  # the nodes' fake values as _described, or in pickled_graph
 
@@ -93,7 +98,8 @@ class GraphOutput(OutputCode):
                 node.meta["val"] = _fake_of(value, fake_mode)
         gm.recompile()
         self.gm = gm
-        self.runner = GraphRunner(gm, f"{self.kind}{next(graph_ids)}", self.options)
+        name = f"{self.kind}{next(graph_ids)}"
+        self.runner = GraphRunner(gm, name, self.options, saved_outputs=self.saved_outputs)
         metrics.bump("aot_cache_loads")
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
@@ -153,7 +159,8 @@ def compiler(kind: str, options: compile_options.CompileOptions):
 
     def compile_graph(gm: GraphModule, example_inputs) -> GraphOutput:
         metrics.bump("aot_graphs_compiled")
-        return GraphOutput(gm, kind, options)
+        saved = saved_layouts.saved_output_positions(gm) if kind == "forward" else ()
+        return GraphOutput(gm, kind, options, saved)
 
     return SerializableAOTDispatchCompiler(GraphOutput, compile_graph)
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from torch_tpu import metrics
+from torch_tpu.compile import saved_layouts
 
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch_tpu_compile")
 _pending: dict[tuple[int, tuple], concurrent.futures.Future] = {}
@@ -25,7 +26,9 @@ _pending: dict[tuple[int, tuple], concurrent.futures.Future] = {}
 def _abstract(value):
     """What lowering needs of an argument, without holding its buffer (which may be donated)."""
     if isinstance(value, jax.Array):
-        return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=value.sharding)
+        # a saved tensor in XLA's layout (saved_layouts.py): compiled for that layout
+        placed = value.sharding if saved_layouts.is_default(value) else value.format
+        return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=placed)
     if isinstance(value, np.ndarray):
         return jax.ShapeDtypeStruct(value.shape, value.dtype)
     return value

@@ -40,7 +40,7 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics, platforms
-from torch_tpu.compile import async_compile, buckets, donation
+from torch_tpu.compile import async_compile, buckets, donation, saved_layouts
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
 from torch_tpu.ops import checks, deferred_checks, precision, registry, schema, storage_locks, tensors
@@ -211,7 +211,16 @@ class _Input:
 
 
 class _Executable:
-    __slots__ = ("check_errors", "checks", "compiled", "donated", "mutation_specs", "out_templates", "temp_bytes")
+    __slots__ = (
+        "check_errors",
+        "checks",
+        "compiled",
+        "donated",
+        "mutation_specs",
+        "out_templates",
+        "split",
+        "temp_bytes",
+    )
 
     def __init__(self):
         self.compiled = None
@@ -223,6 +232,8 @@ class _Executable:
         # (failed?, offending value), int64 [n, 2], for deferred_checks.check.
         self.checks: list = []
         self.check_errors: list | None = None
+        # (kept, free) flat output indices where saved tensors leave in XLA's layouts (saved_layouts.py)
+        self.split: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 class Segment:
@@ -244,6 +255,7 @@ class Segment:
         self._text: str | None = None
         self.options = compile_options.DEFAULT  # set by GraphRunner
         self.shaped = platforms.shaped_buffers()  # fresh and written buffers keep their shapes
+        self.free_layout: frozenset[Node] = frozenset()  # outputs only the backward reads (set by GraphRunner)
 
     # -- runtime --
 
@@ -314,7 +326,16 @@ class Segment:
                 _jax.collect_garbage()  # where jax drops the views' references
             donation.guard(dyn, exe.donated)
         with memory.out_of_memory_as_torch(device, f"running the compiled graph {self.name}"):
-            flat = exe.compiled(*dyn)
+            try:
+                flat = exe.compiled(*dyn)
+            except ValueError as error:  # saved tensors in other layouts than compiled for
+                if not saved_layouts.is_layout_mismatch(error):
+                    raise
+                signature = (*signature, saved_layouts.layouts_of(dyn))
+                exe = self.executables.get(signature) or self._compile(values, dyn, signature, device)
+                flat = exe.compiled(*dyn)
+        if exe.split is not None:
+            flat = saved_layouts.joined(flat, exe.split)
         memory.note_temp_bytes(device or 0, exe.temp_bytes)
         metrics.bump("executions")
         if exe.checks:
@@ -345,22 +366,29 @@ class Segment:
         opts = self.options
         exe.donated = donation.candidates(self, values, readers) if opts.donate_buffers else ()
         jit_kwargs: dict = {"donate_argnums": exe.donated} if exe.donated else {}
-        if any(r.kind == "buffer" for r in readers):
+        free = [i for i, n in enumerate(self.outputs) if n in self.free_layout]
+        placed = jax.sharding.SingleDeviceSharding(client.jax_device(device))
+        if free:  # (default-layout outputs, saved tensors in XLA's layouts)
+            fn = self._split_traceable(fn, exe, free)
+            default = None if any(r.kind == "buffer" for r in readers) else placed
+            auto = saved_layouts.auto_format(client.jax_device(device))
+            jitted = jax.jit(fn, out_shardings=(default, auto), **jit_kwargs)
+        elif any(r.kind == "buffer" for r in readers):
             jitted = jax.jit(fn, **jit_kwargs)
         else:
-            jitted = jax.jit(
-                fn, out_shardings=jax.sharding.SingleDeviceSharding(client.jax_device(device)), **jit_kwargs
-            )
+            jitted = jax.jit(fn, out_shardings=placed, **jit_kwargs)
         if debug.enabled() and self._last_signature is not None:
             debug.log("recompile", f"{self.name}: {_signature_change(self._last_signature, signature)}")
         start = time.perf_counter()
         persist = None
         if opts.dump_dir is None:  # a dump needs the lowering
-            persist = executable_cache.key_text("graph", (self.text(), signature, exe.donated, repr(opts), self.shaped))
+            key = (self.text(), signature, exe.donated, repr(opts), self.shaped, tuple(free))
+            persist = executable_cache.key_text("graph", key)
         found = executable_cache.load(persist)
         if found is not None:
-            exe.compiled, (exe.out_templates, exe.mutation_specs, *checked) = found
-            exe.checks = checked[0] if checked else []  # entries saved before checks had none
+            exe.compiled, (exe.out_templates, exe.mutation_specs, *rest) = found
+            exe.checks = rest[0] if rest else []  # entries saved before checks had none
+            exe.split = rest[1] if len(rest) > 1 else None
             debug.log(
                 "compile", f"{self.name}: loaded from the persistent cache in {time.perf_counter() - start:.3f} s"
             )
@@ -370,7 +398,7 @@ class Segment:
             with memory.out_of_memory_as_torch(device, f"compiling the graph {self.name}"):
                 exe.compiled = compile_options.compile_lowered(lowered, opts)
             compile_options.dump(opts, f"{self.name}.{len(self.executables)}", lowered, exe.compiled)
-            executable_cache.save(persist, exe.compiled, (exe.out_templates, exe.mutation_specs, exe.checks))
+            executable_cache.save(persist, exe.compiled, (exe.out_templates, exe.mutation_specs, exe.checks, exe.split))
             seconds = time.perf_counter() - start
             metrics.record_compile("graph", seconds)
             metrics.bump("graph_compiles")
@@ -397,6 +425,18 @@ class Segment:
             lines.append(f"rules {self.rules}")
             self._text = "\n".join(lines)
         return self._text
+
+    @staticmethod
+    def _split_traceable(fn: Callable, exe: _Executable, free: list[int]) -> Callable:
+        """`fn` returning (default-layout outputs, the `free` outputs' arrays) for out_shardings."""
+
+        def split(*dyn):
+            flat = fn(*dyn)
+            arrays = [exe.out_templates[i][1] for i in free if exe.out_templates[i][0] == "array"]
+            exe.split = saved_layouts.split_outputs(flat, arrays)
+            return [flat[i] for i in exe.split[0]], [flat[i] for i in exe.split[1]]
+
+        return split
 
     def _traceable(self, readers: list[_Input], exe: _Executable) -> Callable:
         def fn(*dyn):
@@ -541,6 +581,15 @@ def _rebuild(template, flat: list, device: int):
     return container(_rebuild(t, flat, device) for t in items)
 
 
+def _to_default_layout(t: torch.Tensor) -> None:
+    """`t`'s buffer in the default layout, in place (the same values): a saved tensor the forward
+    left in XLA's layout, read by an eager op between a backward's segments."""
+    buf = tensors.buffer_of(t)
+    if not saved_layouts.is_default(buf):
+        new = saved_layouts.to_default(buf)
+        _C._set_buffer(t, new, NUMPY_TO_TORCH[np.dtype(new.dtype)], new.size)
+
+
 def _signature_change(old: tuple, new: tuple) -> str:
     changes = []
     for i, (a, b) in enumerate(zip(old, new)):
@@ -571,6 +620,7 @@ class GraphRunner:
         name: str,
         options: compile_options.CompileOptions | None = None,
         host_work: bool = True,
+        saved_outputs: tuple[int, ...] = (),
     ):
         # aot_autograd passes the arguments as one list. An instance attribute, so that
         # wrappers made with functools.wraps (dynamo's disable) keep it.
@@ -586,9 +636,13 @@ class GraphRunner:
         self.host_nodes: set[Node] = set()
         self._host_work = host_work
         self._partition(graph)
+        # a forward's outputs only the backward reads leave in XLA's layouts (saved_layouts.py)
+        on = platforms.saved_tensor_layouts()
+        saved = frozenset(self.output.args[0][i] for i in saved_outputs) if on else frozenset()
         for step in self.steps:
             if isinstance(step, Segment):
                 step.options = options or compile_options.DEFAULT
+                step.free_layout = saved.intersection(step.outputs)
         self.num_random = sum(
             1 for s in self.steps if isinstance(s, Segment) for n in s.nodes if s.lowered[n].random_index is not None
         )
@@ -703,6 +757,10 @@ class GraphRunner:
             metrics.bump("graph_eager_ops")
         args = _map_args(node.args, env)
         kwargs = _map_args(node.kwargs, env)
+        if platforms.saved_tensor_layouts():  # eager ops read buffers in the default layout
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor) and value.device.type == "tpu":
+                    _to_default_layout(value)
         if node.op == "call_method":
             return getattr(args[0], node.target)(*args[1:], **kwargs)
         if node.op == "call_module":

@@ -59,6 +59,17 @@ def donates_buffers() -> bool:
     return not (host_memory_buffers() and not shaped_buffers())
 
 
+def saved_tensor_layouts() -> bool:
+    """Whether a compiled forward returns what it saves for the backward in the layout XLA picks
+    (compile/saved_layouts.py): where buffers keep their shape and XLA's layouts differ from
+    row-major, i.e. on TPU (convolution activations: batch or channels minor). On the CPU client
+    host views read buffers as row-major: off. TORCH_TPU_SAVED_LAYOUTS=1 or 0 decides elsewise."""
+    setting = os.environ.get("TORCH_TPU_SAVED_LAYOUTS", "").strip()
+    if setting:
+        return setting not in ("0", "false", "no", "off")
+    return name() != "cpu" and shaped_buffers()
+
+
 def lazy_segment_ops() -> int:
     """How many ops `eager_mode(False)` records before it runs them and records on (0: no limit
     short of a sync). On TPU, where an executable runs asynchronously, a trace run in segments
