@@ -120,7 +120,7 @@ print(json.dumps({"losses": losses, **t._aot_counts(), "xla_compiles": torch_tpu
 """
 
 
-def _run(tmp_path: pathlib.Path) -> dict:
+def _run(tmp_path: pathlib.Path, script: str = _WARM_SCRIPT) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_TPU_DEBUG",)}
     env.update(
         TORCH_TPU_CACHE_DIR=str(tmp_path / "tpu"),
@@ -130,7 +130,7 @@ def _run(tmp_path: pathlib.Path) -> dict:
     )
     env["PYTHONPATH"] = str(_PACKAGE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(
-        [sys.executable, "-c", _WARM_SCRIPT, str(pathlib.Path(__file__).parent)],
+        [sys.executable, "-c", script, str(pathlib.Path(__file__).parent)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -156,6 +156,24 @@ def test_second_process_traces_and_compiles_nothing(tmp_path):
     assert warm["traced"] == 0 and warm["loaded"] == 3
     assert warm["graph_compiles"] == 0
     assert warm["losses"] == cold["losses"]
+
+
+_FIRST_COMPILE_SCRIPT = r"""
+import json
+import torch, torch_tpu
+x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+y = torch.compile(lambda x: (x * 2).sin().sum(), backend="tpu")(x.to("tpu"))  # torch._inductor not yet imported
+y.backward()
+print(json.dumps({"grad": x.grad.tolist()}))
+"""
+
+
+def test_torch_compile_first_thing_in_a_process(tmp_path):
+    """torch.compile imports torch._inductor, whose import registers the backend: the backend
+    must not need torch._inductor whole at that moment."""
+    out = _run(tmp_path, _FIRST_COMPILE_SCRIPT)
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(torch.tensor(out["grad"]), 2 * (2 * x).cos())
 
 
 def test_symbolic_sizes_graph_loads(torch_cache):
