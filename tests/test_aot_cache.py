@@ -194,3 +194,21 @@ def test_symbolic_sizes_graph_loads(torch_cache):
     for x, a, b in zip(xs, cold, warm):
         torch.testing.assert_close(b, a)
         torch.testing.assert_close(b, f(x, w.detach()))
+
+
+def test_backward_with_retain_graph_twice(torch_cache):
+    """With the backward compiled at once, aot_autograd refuses retain_graph=True where saved
+    tensors would be donated: the backend donates none, cold or loaded from the cache."""
+    w = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    reference = w.clone().requires_grad_()
+    (x @ reference).sin().sum().backward()
+    for _ in range(2):  # compiled, then loaded from torch's cache
+        torch._dynamo.reset()
+        f = torch.compile(lambda x, w: (x @ w).sin().sum(), backend="tpu")
+        tpu_w = w.to("tpu").requires_grad_()
+        y = f(x.to("tpu"), tpu_w)
+        y.backward(retain_graph=True)
+        y.backward()
+        torch.testing.assert_close(tpu_w.grad.cpu(), 2 * reference.grad)
+    assert _aot_counts()["hits"] == 1

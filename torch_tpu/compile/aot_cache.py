@@ -160,9 +160,22 @@ def compiler(kind: str, options: compile_options.CompileOptions):
     def compile_graph(gm: GraphModule, example_inputs) -> GraphOutput:
         metrics.bump("aot_graphs_compiled")
         saved = saved_layouts.saved_output_positions(gm) if kind == "forward" else ()
+        if kind == "forward":
+            _keep_saved_tensors()
         return GraphOutput(gm, kind, options, saved)
 
     return SerializableAOTDispatchCompiler(GraphOutput, compile_graph)
+
+
+def _keep_saved_tensors() -> None:
+    """The backward donates none of the saved tensors: aot_autograd's list of donatable ones is
+    emptied (in place: its inner and outer metadata share the list). With the backward compiled
+    at once (`settings`), aot_autograd refuses a `backward(retain_graph=True)` while that list
+    is not empty, as if the buffers were donated."""
+    context = torch._guards.TracingContext.try_get()
+    donated = getattr(getattr(context, "fw_metadata", None), "bw_donated_idxs", None)
+    if donated:
+        donated.clear()
 
 
 def cache_tag(options: compile_options.CompileOptions) -> str:
