@@ -246,13 +246,19 @@ class HbmWatch:
 
 def _counters() -> dict[str, float]:
     """COUNTER_KEYS, and the wall seconds spent compiling ("compile_s") and loading executables
-    from the persistent cache ("load_s"): the rest of a first step is tracing and running."""
+    from the persistent cache ("load_s"), in dynamo ("dynamo_s", its backend's call included) and
+    in that call ("backend_s": aot_autograd, or loading its results, and building the graphs):
+    the rest of a first step is jax tracing and running."""
+    from torch._dynamo.utils import compilation_time_metrics
+
     from torch_tpu import metrics
 
     snapshot = metrics.counters()
     counts: dict[str, float] = {k: snapshot.get(k, 0) for k in COUNTER_KEYS}
     counts["compile_s"] = sum(metrics.compile_seconds().values())
     counts["load_s"] = metrics.load_seconds()
+    counts["dynamo_s"] = sum(compilation_time_metrics.get("_compile.compile_inner", []))
+    counts["backend_s"] = sum(compilation_time_metrics.get("OutputGraph.call_user_compiler", []))
     return counts
 
 
@@ -539,7 +545,10 @@ def _counter_lines(rows: list[dict]) -> list[str]:
 def _first_step_text(c: dict) -> str:
     text = f"{c['xla_compiles']} XLA compiles, {c['persistent_cache_hits']} persistent-cache loads"
     if "compile_s" in c:  # (rows merged from runs before these were timed have none)
-        text += f" ({c['compile_s']:.1f} s compiling, {c['load_s']:.1f} s loading)"
+        text += f" ({c['compile_s']:.1f} s compiling, {c['load_s']:.1f} s loading"
+        if "dynamo_s" in c:
+            text += f", {c['dynamo_s']:.1f} s in dynamo, {c['backend_s']:.1f} s of it in aot_autograd and the backend"
+        text += ")"
     return text
 
 
