@@ -371,8 +371,7 @@ class Segment:
         if free:  # (default-layout outputs, saved tensors in XLA's layouts)
             fn = self._split_traceable(fn, exe, free)
             default = None if any(r.kind == "buffer" for r in readers) else placed
-            auto = saved_layouts.auto_format(client.jax_device(device))
-            jitted = jax.jit(fn, out_shardings=(default, auto), **jit_kwargs)
+            jitted = jax.jit(fn, out_shardings=(default, saved_layouts.auto_format(default)), **jit_kwargs)
         elif any(r.kind == "buffer" for r in readers):
             jitted = jax.jit(fn, **jit_kwargs)
         else:

@@ -62,10 +62,11 @@ def joined(outputs: tuple[list, list], split: tuple[tuple[int, ...], tuple[int, 
     return flat
 
 
-def auto_format(device: jax.Device):
+def auto_format(sharding: jax.sharding.Sharding | None):
+    """XLA's choice of layout, on `sharding` (None: what jit infers, e.g. a mesh's)."""
     from jax.experimental.layout import Format, Layout
 
-    return Format(Layout.AUTO, jax.sharding.SingleDeviceSharding(device))
+    return Format(Layout.AUTO, sharding)
 
 
 @functools.cache
