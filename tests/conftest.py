@@ -10,11 +10,18 @@ os.environ.setdefault("TORCH_TPU_PLATFORM", "cpu")
 # First calls compile before they run (no host tier), so compile counts are exact; the host
 # tier's own tests turn it on.
 os.environ.setdefault("TORCH_TPU_ASYNC_COMPILE", "0")
-# The persistent compile cache of this test session, not the user's (removed at its end).
-os.environ.setdefault("TORCH_TPU_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torch_tpu_test_cache_{os.getpid()}"))
-# torch's cache directory too (the "tpu" backend's aot_autograd results go there): this session's.
-os.environ.setdefault(
-    "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torch_tpu_test_torch_cache_{os.getpid()}")
+# The persistent compile cache and torch's cache directory (the "tpu" backend's aot_autograd
+# results) of this test session, not the user's: fresh directories, removed at its end (a pid
+# is not unique across Bazel's sandboxes, which share /tmp).
+os.environ.update(
+    _OWN_DIRS := {
+        variable: tempfile.mkdtemp(prefix=prefix)
+        for variable, prefix in (
+            ("TORCH_TPU_CACHE_DIR", "torch_tpu_test_cache_"),
+            ("TORCHINDUCTOR_CACHE_DIR", "torch_tpu_test_torch_cache_"),
+        )
+        if variable not in os.environ
+    }
 )
 
 import pytest
@@ -44,12 +51,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_unconfigure(config):
-    own = os.path.join(tempfile.gettempdir(), f"torch_tpu_test_cache_{os.getpid()}")
-    if os.environ.get("TORCH_TPU_CACHE_DIR") == own:
-        shutil.rmtree(own, ignore_errors=True)
-    own_torch = os.path.join(tempfile.gettempdir(), f"torch_tpu_test_torch_cache_{os.getpid()}")
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == own_torch:
-        shutil.rmtree(own_torch, ignore_errors=True)
+    for variable, own in _OWN_DIRS.items():
+        if os.environ.get(variable) == own:
+            shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture
