@@ -56,8 +56,8 @@ def decompositions() -> dict:
     from torch_tpu.ops import max_pool_graph
 
     table = decomposition_table.items()
-    lowerable = {op: fn for op, fn in table if isinstance(op, OpOverload) and not _graph_lowerable(op)}
-    return lowerable | _SHAPE_ONLY_INPUTS | max_pool_graph.graph_decompositions()
+    unlowered = {op: fn for op, fn in table if isinstance(op, OpOverload) and not _graph_lowerable(op)}
+    return unlowered | _SHAPE_ONLY_INPUTS | max_pool_graph.graph_decompositions()
 
 
 _rewriting = threading.local()
