@@ -7,6 +7,7 @@ under the Bazel test runner and with PYTHONPATH=<repo> for a local pytest run).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -39,10 +40,27 @@ def platform_tol(tol: dict) -> dict:
 
 def run_python(args: list[str], env: dict, cwd, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python *args` in a fresh process (stdout and stderr captured as text) that imports the
-    torch_tpu under test from any cwd: its package root goes first on `env`'s PYTHONPATH."""
+    torch_tpu under test from any cwd: its package root goes first on `env`'s PYTHONPATH. The
+    process runs in its own process group, killed whole on a timeout (TimeoutExpired raised)."""
     root = os.path.dirname(os.path.dirname(torch_tpu.__file__))
     env = {**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    command = [sys.executable, *args]
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 def as_tuple(x) -> tuple:

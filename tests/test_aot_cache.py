@@ -9,9 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,8 +17,7 @@ from torch._dynamo.utils import counters
 from torch.nn import functional as F
 
 import torch_tpu
-
-_PACKAGE_ROOT = pathlib.Path(torch_tpu.__file__).parent.parent  # the package under test
+from tests.helpers import run_python
 
 
 def _train(device: str, compile_options: dict | None, steps: int = 2) -> list[float]:
@@ -128,24 +124,9 @@ def _run(tmp_path: pathlib.Path, script: str = _WARM_SCRIPT) -> dict:
         TORCH_TPU_PLATFORM="cpu",
         TORCH_TPU_ASYNC_COMPILE="0",
     )
-    env["PYTHONPATH"] = str(_PACKAGE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script, str(pathlib.Path(__file__).parent)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(tmp_path),
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{err[-4000:]}"
-    return json.loads(out.strip().splitlines()[-1])
+    result = run_python(["-c", script, str(pathlib.Path(__file__).parent)], env, cwd=str(tmp_path), timeout=300)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_second_process_traces_and_compiles_nothing(tmp_path):

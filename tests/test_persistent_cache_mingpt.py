@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
-import subprocess
-import sys
+
+from tests.helpers import run_python
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
@@ -28,23 +27,10 @@ print(json.dumps({"losses": losses, "counters": counters}))
 def _run(cache: pathlib.Path) -> dict:
     env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(cache), TORCH_TPU_PLATFORM="cpu")
     env.pop("TORCH_TPU_DEBUG", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SCRIPT, str(EXAMPLES)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-4000:]
-    result = json.loads(out.strip().splitlines()[-1])
-    result["stderr"] = err
+    proc = run_python(["-c", _SCRIPT, str(EXAMPLES)], env, cwd=None, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["stderr"] = proc.stderr
     return result
 
 
