@@ -41,6 +41,9 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     from torch_tpu import platforms
 
+    if torch_tpu.platform() == "tpu":
+        # One process at a time holds the chip: the processes tests start run on the CPU client.
+        os.environ.update(TORCH_TPU_PLATFORM="cpu", JAX_PLATFORMS="cpu")
     if torch_tpu.platform() == "cpu" and not platforms.shaped_buffers():
         return
     where = "TPU's buffer layout" if torch_tpu.platform() == "cpu" else torch_tpu.platform()

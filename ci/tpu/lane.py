@@ -2,7 +2,8 @@
 process, one at a time (one process holds the chip), and writes lane.md, lane.json and lane.log.
 
     python ci/tpu/lane.py [--parts env,kernels,sync,tests,hf,examples,ops,training] [--out DIR]
-        [--commit SHA] [--tests FILE...] [--test-seconds N] [--platform tpu] [--training-args "..."]
+        [--commit SHA] [--tests FILE...] [--test-seconds N] [--resume LANE_JSON] [--platform tpu]
+        [--training-args "..."]
 
 Parts:
   env       platform, chip, versions
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -72,6 +74,7 @@ class Lane:
             "commit": args.commit or _commit(self.repo),
             "parts": {},
         }
+        self.resumed: dict = {}  # part name -> an earlier run's test part (--resume)
 
     def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int, str, float]:
         """Runs `cmd` in the scratch folder; (exit status, output, seconds). 124 on timeout."""
@@ -156,9 +159,15 @@ class Lane:
         env = dict(
             self.env,
             PYTHONPATH=os.pathsep.join(filter(None, [str(self.scratch / "ci" / "tpu"), self.env.get("PYTHONPATH")])),
+            TORCH_TPU_LANE_COLLECTED=str(self.scratch / f"{name}.collected"),
         )
         if budget:
             env["TORCH_TPU_LANE_TEST_SECONDS"] = str(budget)
+        earlier = self.resumed.get(name)
+        if earlier:
+            done = self.scratch / f"{name}.done"
+            done.write_text("\n".join(earlier.get("outcomes", {})))
+            env["TORCH_TPU_LANE_DONE"] = str(done)
         cmd = [
             sys.executable,
             "-m",
@@ -167,32 +176,32 @@ class Lane:
             "-p",
             "no:cacheprovider",
             "-p",
-            "time_budget",
+            "lane_plugin",
             "--import-mode=importlib",
+            *([f"--timeout={self.args.test_timeout:.0f}"] if importlib.util.find_spec("pytest_timeout") else []),
             "--rootdir",
             str(self.scratch),
             f"--junitxml={xml}",
             *files,
         ]
         code, output, seconds = self.run(name, cmd, timeout, env=env)
-        outcomes = _junit(xml) if xml.exists() else {}
-        expected = _expected_failures(self.repo / "ci" / "tpu" / "expected_failures.txt")
-        failed = {t: why for t, (state, why) in outcomes.items() if state == "failed"}
-        counted = sum(1 for state, _ in outcomes.values() if state in ("passed", "failed"))
-        passed = sum(1 for state, _ in outcomes.values() if state == "passed")
-        return {
-            "ok": code in (0, 1) and not (set(failed) - set(expected)) and bool(outcomes),
+        collected_file = self.scratch / f"{name}.collected"
+        part = {
             "exit": code,
-            "seconds": seconds,
-            "passed": passed,
-            "failed": len(failed),
-            "skipped": sum(1 for state, _ in outcomes.values() if state == "skipped"),
-            "pass_rate": passed / counted if counted else None,
-            "failures": {t: failed[t] for t in sorted(failed)},
-            "unexpected_failures": sorted(set(failed) - set(expected)),
+            "seconds": round(seconds, 1),
             "stopped_early": "time budget" in output,
-            "outcomes": {t: state for t, (state, _) in outcomes.items()},
+            # pytest's 2 is an interrupted session (the time budget's stop), 5 is no test left to run
+            "exit_ok": code in (0, 1) or (code == 2 and "time budget" in output) or (code == 5 and bool(earlier)),
+            "collected": int(collected_file.read_text()) if collected_file.exists() else None,
+            "outcomes": {},
+            "reasons": {},
         }
+        for test, (state, why) in (_junit(xml) if xml.exists() else {}).items():
+            part["outcomes"][test] = state
+            if state == "failed":
+                part["reasons"][test] = why
+        part = _tally(part, _expected_failures(self.repo / "ci" / "tpu" / "expected_failures.txt"))
+        return combine_tests(earlier, part) if earlier else part
 
     def _example(self, name: str, cmd: list[str], harness: bool) -> dict:
         code, output, seconds = self.python(f"example {name}", cmd, 590)
@@ -226,7 +235,10 @@ def markdown(results: dict) -> str:
         tests = parts.get(name)
         if tests and tests.get("failures"):
             lines += ["", f"## {name}: failures", ""]
-            lines += [f"- `{t}`: {why}" for t, why in tests["failures"].items()]
+            unexpected = set(tests.get("unexpected_failures", []))
+            lines += [
+                f"- `{t}`{'' if t in unexpected else ' (expected)'}: {why}" for t, why in tests["failures"].items()
+            ]
     if "examples" in parts:
         lines += ["", "## Examples (`--check`)", "", "| example | result | seconds |", "|---|---|---|"]
         for name, e in parts["examples"]["examples"].items():
@@ -255,13 +267,53 @@ def markdown(results: dict) -> str:
 def _summary(part: dict) -> str:
     if "passed" in part:
         rate = f", {part['pass_rate'] * 100:.1f}%" if part.get("pass_rate") is not None else ""
-        extra = " (stopped at the time budget)" if part.get("stopped_early") else ""
-        return f": {part['passed']} passed, {part['failed']} failed, {part['skipped']} skipped{rate}{extra}"
+        ran = len(part.get("outcomes", {}))
+        extra = f"; {ran} of {part['collected']} collected have run" if part.get("collected") else ""
+        extra += " (stopped at the time budget)" if part.get("stopped_early") else ""
+        unexpected = len(part.get("unexpected_failures", []))
+        failed = f"{part['failed']} failed ({unexpected} not in expected_failures.txt)"
+        return f": {part['passed']} passed, {failed}, {part['skipped']} skipped{rate}{extra}"
     if "tests" in part:
         return _summary(part["tests"])
     if "examples" in part:
         return f": {sum(e['ok'] for e in part['examples'].values())} of {len(part['examples'])} pass"
     return ""
+
+
+def _tally(part: dict, expected: dict[str, str]) -> dict:
+    """part's counts, failures and verdict from its outcomes; ok when every failure is expected
+    and pytest ended as it should (not a usage error, a crash or the lane's timeout)."""
+    outcomes, reasons = part["outcomes"], part.get("reasons", {})
+    failed = sorted(t for t, state in outcomes.items() if state == "failed")
+    passed = sum(1 for state in outcomes.values() if state == "passed")
+    counted = passed + len(failed)
+    return {
+        **part,
+        "ok": part["exit_ok"] and not set(failed) - set(expected) and bool(outcomes),
+        "passed": passed,
+        "failed": len(failed),
+        "skipped": sum(1 for state in outcomes.values() if state == "skipped"),
+        "pass_rate": passed / counted if counted else None,
+        "failures": {t: reasons.get(t, "") for t in failed},
+        "unexpected_failures": sorted(set(failed) - set(expected)),
+    }
+
+
+def combine_tests(earlier: dict, later: dict) -> dict:
+    """One test part from two runs over the same suite (a later run resumes an earlier one, or
+    runs some tests again): each test's outcome from the later run where both have it."""
+    reasons = {**earlier.get("reasons", earlier.get("failures", {})), **later.get("reasons", {})}
+    outcomes = {**earlier.get("outcomes", {}), **later.get("outcomes", {})}
+    part = {
+        "exit": later["exit"],
+        "exit_ok": earlier.get("exit_ok", earlier.get("exit") in (0, 1)) and later["exit_ok"],
+        "seconds": round(earlier.get("seconds", 0) + later.get("seconds", 0), 1),
+        "stopped_early": later.get("stopped_early", False),
+        "collected": later.get("collected") or earlier.get("collected"),
+        "outcomes": outcomes,
+        "reasons": {t: why for t, why in reasons.items() if outcomes.get(t) == "failed"},
+    }
+    return _tally(part, _expected_failures(pathlib.Path(__file__).parent / "expected_failures.txt"))
 
 
 def _junit(path: pathlib.Path) -> dict[str, tuple[str, str]]:
@@ -344,10 +396,16 @@ def merge(paths: list[str], out: pathlib.Path) -> int:
     for path in paths:
         run = json.loads(pathlib.Path(path).read_text())
         runs = run.get("runs") or [{"date": run["date"], "commit": run["commit"], "parts": sorted(run["parts"])}]
-        for earlier in merged["runs"]:  # a later run's part replaces an earlier one's
-            earlier["parts"] = [p for p in earlier["parts"] if p not in run["parts"]]
+        combined = {
+            name: combine_tests(merged["parts"][name], part)
+            for name, part in run["parts"].items()
+            if "outcomes" in part and "outcomes" in merged["parts"].get(name, {})
+        }
+        for earlier in merged["runs"]:  # a later run's part replaces an earlier one's; test parts combine
+            earlier["parts"] = [p for p in earlier["parts"] if p not in run["parts"] or p in combined]
         merged["runs"] = [r for r in merged["runs"] if r["parts"]] + runs
         merged["parts"].update(run["parts"])
+        merged["parts"].update(combined)
         merged["date"], merged["commit"] = run["date"], run["commit"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "lane.json").write_text(json.dumps(merged, indent=1, sort_keys=True))
@@ -363,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", help="the commit the wheel was built from (default: git's HEAD)")
     parser.add_argument("--tests", nargs="*", help="test files for the tests part")
     parser.add_argument("--test-seconds", type=float, default=1800, help="time budget of the tests part")
+    parser.add_argument("--test-timeout", type=float, default=300, help="seconds one test may take (pytest-timeout)")
+    parser.add_argument(
+        "--resume", metavar="LANE_JSON", help="an earlier lane.json: its tests not run again, its outcomes kept"
+    )
     parser.add_argument("--platform", default="tpu", help="TORCH_TPU_PLATFORM for every part (cpu: try the lane)")
     parser.add_argument("--training-args", default="", help="arguments for benchmarks/tpu_training.py")
     parser.add_argument(
@@ -372,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         return merge(args.merge, pathlib.Path(args.out or "."))
     lane = Lane(args)
+    if args.resume:
+        lane.resumed = json.loads(pathlib.Path(args.resume).read_text())["parts"]
     parts = [p for p in args.parts.split(",") if p]
     for name in parts:
         if name not in PARTS:
