@@ -38,12 +38,37 @@ def platform_tol(tol: dict) -> dict:
     return {"rtol": max(tol.get("rtol", 0.0), 5e-4), "atol": max(tol.get("atol", 0.0), 5e-4)}
 
 
+_TPU_ROUNDING_TOL = {
+    # XLA:TPU rounds a*b+c twice where CPU's kernels fuse it into one multiply-add (and the
+    # reverse), and sums in its own order: float32 results differ from CPU's in the last bits.
+    torch.float32: {"rtol": 1e-6, "atol": 1e-6},
+    # TPUs have no float64 units: XLA:TPU emulates float64 with pairs of float32 (~48 bits).
+    torch.float64: {"rtol": 1e-14, "atol": 1e-14},
+    torch.complex64: {"rtol": 1e-6, "atol": 1e-6},
+    torch.complex128: {"rtol": 1e-14, "atol": 1e-14},
+    # The float32 difference above flips a half-float rounding: one unit in the last place.
+    torch.bfloat16: {"rtol": 2**-7, "atol": 1e-5},
+    torch.float16: {"rtol": 2**-10, "atol": 1e-5},
+}
+
+
+def platform_rounding_tol(dtype: torch.dtype) -> dict:
+    """assert_close tolerances for a result CPU's kernels give bit for bit: exact where tpu
+    tensors run on the XLA CPU client (never loosened there); on a TPU a few units in the last
+    place of `dtype` (integers and bool stay exact), for the reasons in _TPU_ROUNDING_TOL."""
+    if torch_tpu.platform() != "tpu":
+        return {"rtol": 0, "atol": 0}
+    return dict(_TPU_ROUNDING_TOL.get(dtype, {"rtol": 0, "atol": 0}))
+
+
 def run_python(args: list[str], env: dict, cwd, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python *args` in a fresh process (stdout and stderr captured as text) that imports the
-    torch_tpu under test from any cwd: its package root goes first on `env`'s PYTHONPATH. The
+    torch_tpu under test from any cwd (its package root goes first on `env`'s PYTHONPATH) and
+    this `tests` package (the folder holding it comes next). The
     process runs in its own process group, killed whole on a timeout (TimeoutExpired raised)."""
     root = os.path.dirname(os.path.dirname(torch_tpu.__file__))
-    env = {**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
+    tests_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `import tests.helpers`
+    env = {**env, "PYTHONPATH": os.pathsep.join([root, tests_parent, env.get("PYTHONPATH", "")])}
     command = [sys.executable, *args]
     proc = subprocess.Popen(
         command,
