@@ -132,6 +132,7 @@ def test_graph_without_checked_ops_has_no_extra_outputs(monkeypatch):
     assert len(exe.compiled(*[torch_tpu.ops.tensors.buffer_of(t) for t in args])) == 1
 
 
+@pytest.mark.cpu_client
 def test_checked_graph_reads_its_verdicts_at_once_on_the_cpu_client(monkeypatch):
     monkeypatch.delenv("TORCH_TPU_DEFERRED_CHECKS", raising=False)
     runners = graph_runners(monkeypatch)

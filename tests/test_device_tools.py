@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import torch_tpu
+from torch_tpu.device import memory
 from torch_tpu.runtime import client
 from torch_tpu.tools import stats_file, tpu_info
 
@@ -284,7 +285,8 @@ def test_out_of_memory_at_the_limit_and_recovery(memory_limit):
     torch.tpu.set_per_process_memory_fraction((base + 4 * MiB) / total, 0)
     limit = torch.tpu.memory_stats(0)["limit_bytes"]
     assert abs(limit - (base + 4 * MiB)) < 1024
-    assert torch.tpu.mem_get_info(0)[1] == limit
+    # CUDA's total: the device's own where the client reports it (TPU), else the cap
+    assert torch.tpu.mem_get_info(0)[1] == (memory.runtime_stats(0).get("bytes_limit") or limit)
     keep = torch.empty(3 * MiB, dtype=torch.uint8, device="tpu")
     with pytest.raises(torch.OutOfMemoryError) as caught:
         torch.empty(2 * MiB, dtype=torch.uint8, device="tpu")
@@ -323,6 +325,8 @@ sys.stdin.read()
 
 
 def test_tpu_info_json_sees_another_process(tmp_path):
+    if torch_tpu.platform() == "tpu":
+        pytest.skip("this test's process holds the chip: a second process cannot open it")
     device = 1 if torch.tpu.device_count() > 1 else 0
     cache = tmp_path / "cache"
     (cache / "sub").mkdir(parents=True)

@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 from torch import nn
+
+
+def _has_tcp() -> bool:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+        return True
+    except OSError:
+        return False
+
+
+# torchrun's rendezvous store is TCP: a sandbox without sockets (the TPU lane's host) cannot run it.
+pytestmark = pytest.mark.skipif(not _has_tcp(), reason="this host cannot open a TCP socket (torchrun's store)")
 
 
 def _launch(scenario: str, timeout: float = 300) -> str:

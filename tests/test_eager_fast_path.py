@@ -159,8 +159,9 @@ def test_errors_still_raise_after_hits():
         torch.mm(a, a)
     with pytest.raises(RuntimeError, match="same dtype"):
         torch.mm(a, a.double())
-    with pytest.raises(RuntimeError, match="same device"):
-        a + torch.randn(3, 3).to("tpu:1")
+    if torch.tpu.device_count() >= 2:
+        with pytest.raises(RuntimeError, match="same device"):
+            a + torch.randn(3, 3).to("tpu:1")
     with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
         a[0].add_(a)
 
@@ -215,6 +216,8 @@ def test_precision_change_keeps_the_hits_of_ops_that_do_not_read_it():
 
 
 def test_one_signature_on_two_devices_hits_on_both():
+    if torch.tpu.device_count() < 2:
+        pytest.skip("needs two tpu devices")
     x0, x1 = A.to("tpu:0"), A.to("tpu:1")
     for _ in range(2):
         x0 + x0, x1 + x1
