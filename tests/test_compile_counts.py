@@ -363,7 +363,15 @@ def test_graph_mode_python_float_is_a_graph_input(dtype):
     for v in VALUES[2:]:
         got, want = compiled(xt, v).cpu(), f(x, v)
         assert got.dtype == want.dtype
-        torch.testing.assert_close(got, want)
+        if torch_tpu.platform() == "tpu" and dtype == torch.bfloat16:
+            # XLA:TPU keeps the fused bf16 graph's intermediates in float32 (excess precision) where
+            # eager CPU rounds each op's result, and x*v - x/v cancels: one bf16 ulp of each of those.
+            xf = x.float()
+            rounded = (xf * v).abs() + (xf * v + v).abs() + (xf / v).abs()
+            err = (got.float() - want.float()).abs()
+            assert (err <= 1.6e-2 * want.float().abs() + 2**-7 * rounded).all(), (v, err.max())
+        else:
+            torch.testing.assert_close(got, want)
     after = torch_tpu.metrics.counters()
     assert after["graph_compiles"] == before["graph_compiles"]
     assert after.get("graph_eager_ops", 0) == before.get("graph_eager_ops", 0)
