@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import torch_tpu
+from tests.helpers import platform_tol
 
 # Each test starts with dynamo's caches and the counters cleared (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -178,7 +179,7 @@ def test_sequence_length_sweep_compiles_at_most_one_graph_per_length():
     with torch.no_grad():
         for length in (5, 9, 12, 16):
             idx = torch.randint(0, 16, (2, length))
-            torch.testing.assert_close(compiled(idx.to("tpu")).cpu(), model(idx))
+            torch.testing.assert_close(compiled(idx.to("tpu")).cpu(), model(idx), **platform_tol({}))  # tanh
     counts = _counters()
     assert 1 <= counts["graph_compiles"] + counts["persistent_cache_hits"] <= 4
     assert counts["graph_compiles"] <= 4

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
+from tests.helpers import platform_rounding_tol, platform_tol
 from torch_tpu.runtime.executable_cache import ExecutableCache
 
 # 20 distinct values, none a schema default (alpha=1 keeps its own executable) nor a special exponent.
@@ -113,8 +114,9 @@ def _inputs(dtype, shape=(64,)):
 
 
 def _exact(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit for bit on the XLA CPU client; on a TPU within its last-place rounding differences."""
     assert got.dtype == want.dtype
-    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got, want, **platform_rounding_tol(want.dtype), equal_nan=True)
 
 
 def _run_values(fn, dtype, values, shape=(64,)):
@@ -137,8 +139,8 @@ def test_scalar_values_compile_once(name, dtype):
         elif name in COMPOSITE:
             scale = want.abs().max().item()
             torch.testing.assert_close(got, want, rtol=0, atol=4 * torch.finfo(dtype).eps * scale)
-        elif (name, dtype) in NEAR:
-            torch.testing.assert_close(got, want, rtol=3e-7, atol=0)
+        elif (name, dtype) in NEAR:  # pow, exp, log: TPU's transcendental units differ more
+            torch.testing.assert_close(got, want, **platform_tol({"rtol": 3e-7, "atol": 0}))
         else:
             _exact(got, want)
 
@@ -151,7 +153,8 @@ def test_traced_pow_special_exponents_match_cpu(dtype):
         if e in (2, -1, 0, 1):
             _exact(got, want)
         else:  # XLA's CPU sqrt, rsqrt and integer_pow round differently from CPU's, traced or not
-            torch.testing.assert_close(got, want, rtol=3e-7 if dtype == torch.float32 else 8e-3, atol=0)
+            tol = platform_tol({"rtol": 3e-7 if dtype == torch.float32 else 8e-3, "atol": 0})  # TPU's sqrt, rsqrt
+            torch.testing.assert_close(got, want, **tol)
 
 
 @pytest.mark.parametrize(
@@ -360,7 +363,15 @@ def test_graph_mode_python_float_is_a_graph_input(dtype):
     for v in VALUES[2:]:
         got, want = compiled(xt, v).cpu(), f(x, v)
         assert got.dtype == want.dtype
-        torch.testing.assert_close(got, want)
+        if torch_tpu.platform() == "tpu" and dtype == torch.bfloat16:
+            # XLA:TPU keeps the fused bf16 graph's intermediates in float32 (excess precision) where
+            # eager CPU rounds each op's result, and x*v - x/v cancels: one bf16 ulp of each of those.
+            xf = x.float()
+            rounded = (xf * v).abs() + (xf * v + v).abs() + (xf / v).abs()
+            err = (got.float() - want.float()).abs()
+            assert (err <= 1.6e-2 * want.float().abs() + 2**-7 * rounded).all(), (v, err.max())
+        else:
+            torch.testing.assert_close(got, want)
     after = torch_tpu.metrics.counters()
     assert after["graph_compiles"] == before["graph_compiles"]
     assert after.get("graph_eager_ops", 0) == before.get("graph_eager_ops", 0)

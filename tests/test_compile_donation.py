@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import torch_tpu
+from tests.helpers import platform_tol
 from torch_tpu import _C
 from torch_tpu.ops import tensors
 
@@ -57,11 +58,13 @@ def test_donating_training_step_matches_cpu_and_held_views_follow():
     cpu, cpu_losses, cpu_held = _train(model, "cpu", hold=_held_views)
     tpu, tpu_losses, tpu_held = _train(model, "tpu", {"donate_buffers": True}, hold=_held_views)
     assert torch_tpu.metrics.counters()["donated_buffers"] > 0
-    assert tpu_losses == pytest.approx(cpu_losses, rel=1e-5, abs=1e-6)
+    # A TPU's rsqrt (BatchNorm) and sqrt (AdamW) differ from CPU's, compounded over the steps.
+    loss_tol, tol = platform_tol({"rtol": 1e-5, "atol": 1e-6}), platform_tol({})
+    assert tpu_losses == pytest.approx(cpu_losses, rel=loss_tol["rtol"], abs=loss_tol["atol"])
     for name in ("view", "detached", "transposed"):
-        torch.testing.assert_close(tpu_held[name].detach().cpu(), cpu_held[name].detach(), msg=name)
+        torch.testing.assert_close(tpu_held[name].detach().cpu(), cpu_held[name].detach(), msg=name, **tol)
     for name, p_cpu in cpu.named_parameters():
-        torch.testing.assert_close(tpu.get_parameter(name).detach().cpu(), p_cpu.detach(), msg=name)
+        torch.testing.assert_close(tpu.get_parameter(name).detach().cpu(), p_cpu.detach(), msg=name, **tol)
 
 
 def test_donation_off_gives_the_same_numbers_and_buffers():
