@@ -2,7 +2,8 @@
 process, one at a time (one process holds the chip), and writes lane.md, lane.json and lane.log.
 
     python ci/tpu/lane.py [--parts env,kernels,sync,tests,hf,examples,ops,training] [--out DIR]
-        [--commit SHA] [--tests FILE...] [--test-seconds N] [--resume LANE_JSON] [--platform tpu]
+        [--commit SHA] [--tests FILE...] [--test-seconds N] [--resume LANE_JSON [--retry-failed]]
+        [--platform tpu]
         [--training-args "..."]
 
 Parts:
@@ -12,7 +13,9 @@ Parts:
   sync      ci/tpu/sync_check.py: synchronize() waits for work whose outputs were dropped
   tests     the test suite (--tests, default tests/test_*.py less ci/tpu/not_on_tpu.txt) in one
             pytest process, each test's outcome recorded; ci/tpu/expected_failures.txt lists the
-            failures known on TPU with their reasons
+            failures known on TPU with their reasons. A suite longer than one call runs over
+            several: --resume LANE_JSON leaves out the tests that run has an outcome for
+            (--retry-failed: but its failures) and adds its outcomes (--test-seconds: the budget)
   hf        tests/test_hf_models.py (the HF families against CPU's logits and greedy tokens)
   ecosystem HF Trainer and accelerate bf16, Lightning bf16-mixed, torch.profiler device time and
             torch.tpu's API (tests/test_hf_trainer.py, test_lightning.py,
@@ -166,7 +169,8 @@ class Lane:
         earlier = self.resumed.get(name)
         if earlier:
             done = self.scratch / f"{name}.done"
-            done.write_text("\n".join(earlier.get("outcomes", {})))
+            retry = {"failed"} if self.args.retry_failed else set()
+            done.write_text("\n".join(t for t, state in earlier.get("outcomes", {}).items() if state not in retry))
             env["TORCH_TPU_LANE_DONE"] = str(done)
         cmd = [
             sys.executable,
@@ -425,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume", metavar="LANE_JSON", help="an earlier lane.json: its tests not run again, its outcomes kept"
     )
+    parser.add_argument("--retry-failed", action="store_true", help="with --resume: run its failed tests again")
     parser.add_argument("--platform", default="tpu", help="TORCH_TPU_PLATFORM for every part (cpu: try the lane)")
     parser.add_argument("--training-args", default="", help="arguments for benchmarks/tpu_training.py")
     parser.add_argument(
