@@ -10,6 +10,7 @@ from torch import nn
 
 import torch_tpu
 from tests.helpers import platform_tol
+from torch_tpu import platforms
 from torch_tpu.compile import buckets
 from torch_tpu.compile import options as compile_options
 
@@ -27,7 +28,14 @@ def test_bucket_sizes():
     assert compile_options.parse(None, {"dynamic_buckets": False}).as_dict()["dynamic_buckets"] is False
 
 
-def test_encoder_layer_at_12_lengths_compiles_one_graph_per_bucket():
+@pytest.mark.parametrize("rules", ["client", "tpu"])
+def test_encoder_layer_at_12_lengths_compiles_one_graph_per_bucket(rules, monkeypatch):
+    """`rules="tpu"`: TPU's lowering rules (TORCH_TPU_PALLAS_ON_CPU=1 off a TPU): attention is
+    the fused flash kernel (interpreted here), which masks the keys a bucket pads."""
+    if rules == "tpu":
+        if torch_tpu.platform() == "tpu":
+            pytest.skip("the client's rules are TPU's here")
+        monkeypatch.setenv("TORCH_TPU_PALLAS_ON_CPU", "1")
     torch.manual_seed(0)
     ref = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).train()
     layer = copy.deepcopy(ref).to("tpu")
@@ -49,6 +57,7 @@ def test_encoder_layer_at_12_lengths_compiles_one_graph_per_bucket():
     counts = _counts()
     # One forward executable per bucket, and one backward for the bucket it ran in.
     assert counts["bucket_compiles"] == counts["graph_compiles"] == 4 + 1, counts
+    assert (counts.get("sdpa_flash", 0) > 0) == (platforms.lowering_platform() == "tpu"), counts
     assert counts.get("bucket_exact_graphs", 0) == 0
     assert counts["bucket_runs"] == len(lengths) + len(backward_at)
     # Saved activations reach the backward graph padded: only the input and the incoming

@@ -18,6 +18,8 @@ the invariant (`_rule`), given which of its dims are padded:
 - softmax / log_softmax over a padded dim: the padding is -inf first (their backward ops
   read zero-padded gradients and outputs, which is exact);
 - layer norm and its backward when the normalized dims are not padded;
+- the fused attention ops (TPU's flash kernel) when the head dim is not padded: query rows are
+  independent, and keys padded past the exact length are masked by the kernel;
 - views and reshapes when, in each group of merged or split dims, only the outermost
   dim is padded (then the exact elements stay a prefix);
 - slicing, selecting, splitting, concatenating along a dim that is not padded, or a
@@ -51,6 +53,7 @@ from torch.fx import Node
 from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
+from torch_tpu.kernels import sdpa
 from torch_tpu.ops import geometry as geo
 from torch_tpu.ops import precision, tensors
 from torch_tpu.ops.dtypes import TORCH_TO_NUMPY
@@ -210,6 +213,13 @@ _ALONG = {  # op -> index of its `dim` argument and default: fine unless that di
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default}
 # op -> (index of the normalized input, index of normalized_shape)
 _LAYER_NORM = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backward.default: (1, 2)}
+# The fused attention ops (TPU's flash kernel) -> (query, key, attn_bias, dropout_p) argument
+# indices. Queries are independent rows; keys padded past their exact length are masked in the
+# kernel (kernels/sdpa.keys_valid_to). The backward's max_q/max_k sizes are not read.
+_ATTENTION = {
+    aten._scaled_dot_product_fused_attention_overrideable.default: (0, 1, 3, 4),
+    aten._scaled_dot_product_fused_attention_overrideable_backward.default: (1, 2, 4, 12),
+}
 
 
 _WHOLE = {aten.all.default, aten.prod.default, aten.mean.default}  # reduce all dims; args[1] is not a dim
@@ -319,6 +329,8 @@ def _rule(node: Node, shapes: _Shapes, sym_nodes: set[Node]) -> str | None:
     padded_out = any(
         shapes.of_fake(f)[0] != shapes.of_fake(f)[1] for f in _fake_list(node) if isinstance(f, torch.Tensor)
     )
+    if target in _ATTENTION:
+        return _attention_rule(node, padded_in)
     if target not in _SIZE_ARG_OPS and any(n in sym_nodes for n in node.all_input_nodes):
         raise _Refused(f"{target} with a symbolic size as a value")
     if not padded_out and not any(padded_in.values()):
@@ -381,6 +393,15 @@ def _rule(node: Node, shapes: _Shapes, sym_nodes: set[Node]) -> str | None:
             raise _Refused(f"{name} with scale_grad_by_freq")
         return None
     raise _Refused(name)
+
+
+def _attention_rule(node: Node, padded_in: dict) -> str | None:
+    query, key, bias, dropout = (node.args[i] if len(node.args) > i else None for i in _ATTENTION[node.target])
+    if bias is not None or dropout not in (None, 0, 0.0):
+        raise _Refused(f"{node.target} with a bias or dropout")
+    if 3 in padded_in.get(query, set()) | padded_in.get(key, set()):
+        raise _Refused(f"{node.target} over a padded head dim")
+    return "attention" if 2 in padded_in.get(key, set()) else None
 
 
 # ---- the bucketed runner ---------------------------------------------------------------
@@ -630,6 +651,10 @@ class Buckets:
                     env[x] = _mask(env[x], x, shapes, valid, identity)
                     value = segment._evaluate(node, env, None)
                     env[x] = _mask(env[x], x, shapes, valid, 0)  # other users see zero padding again
+                elif rule == "attention":
+                    key = node.args[_ATTENTION[node.target][1]]
+                    with sdpa.keys_valid_to(_traced(_exprs(key.meta["val"])[2], valid)):
+                        value = segment._evaluate(node, env, None)
                 else:
                     value = segment._evaluate(node, env, None)
                 if rule == "mean":

@@ -75,6 +75,21 @@ def flash_cases() -> list[Case]:
 
             cases.append(Case(f"flash forward {tag}", fwd, (q, k, k)))
             cases.append(Case(f"flash backward {tag}", bwd, (out, q, k, k, out, lse)))
+    # Keys padded past a traced length (a bucketed graph's, compile/buckets.py): scalar prefetch.
+    for dtype in _DTYPES:
+        for b, h, hk, lq, lk, d, causal in [(2, 4, 4, 256, 256, 64, False), (1, 8, 2, 300, 512, 128, True)]:
+            q, k, n = _s((b, h, lq, d), dtype), _s((b, hk, lk, d), dtype), _s((), jnp.int32)
+            out, lse = _s((b, h, lq, d), dtype), _s((b, h, lq), jnp.float32)
+            tag = f"{jnp.dtype(dtype).name} q{(b, h, lq, d)} kv{(b, hk, lk, d)} causal={causal} traced key length"
+
+            def fwd_to(q, k, v, n, causal=causal):
+                return flash.flash_attention_forward(q, k, v, causal, 0.125, kv_len=n)
+
+            def bwd_to(do, q, k, v, o, lse, n, causal=causal):
+                return flash.flash_attention_backward(do, q, k, v, o, lse, causal, 0.125, kv_len=n)
+
+            cases.append(Case(f"flash forward {tag}", fwd_to, (q, k, k, n)))
+            cases.append(Case(f"flash backward {tag}", bwd_to, (out, q, k, k, out, lse, n)))
     return cases
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -47,11 +48,15 @@ def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
     return lax.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _valid(q_block, kv_block, p, causal: bool):
-    """The (block_q, block_k) mask of scores to keep, or None where every score is kept."""
+def _valid(q_block, kv_block, p, causal: bool, kv_len=None):
+    """The (block_q, block_k) mask of scores to keep, or None where every score is kept. `kv_len`:
+    a traced key length (keys past it are padding), else the static one."""
     shape = (p.block_q, p.block_k)
     cols = kv_block * p.block_k + lax.broadcasted_iota(jnp.int32, shape, 1)
-    valid = cols < p.kv_len if p.kv_pad != p.kv_len else None
+    if kv_len is not None:
+        valid = cols < kv_len
+    else:
+        valid = cols < p.kv_len if p.kv_pad != p.kv_len else None
     if causal:
         rows = q_block * p.block_q + lax.broadcasted_iota(jnp.int32, shape, 0)
         valid = cols <= rows if valid is None else valid & (cols <= rows)
@@ -80,7 +85,7 @@ def _first_q_block(kv_block, block_q: int, block_k: int):
 # ---- kernels ------------------------------------------------------------------
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, sm_scale, causal, p):
+def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, sm_scale, causal, p, kv_len=None):
     i, j = pl.program_id(2), pl.program_id(3)
 
     @pl.when(j == 0)
@@ -91,7 +96,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr, *, s
 
     def _step():
         s = _dot_t(q_ref[...], k_ref[...], p.precision) * sm_scale
-        valid = _valid(i, j, p, causal)
+        valid = _valid(i, j, p, causal, kv_len)
         if valid is not None:
             s = jnp.where(valid, s, NEG_INF)
         m_prev, l_prev = m_scr[...], l_scr[...]
@@ -124,7 +129,7 @@ def _probs_and_ds(q, k, v, do, lse, delta, valid, sm_scale, p):
     return probs, ds
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_scr, *, sm_scale, causal, p):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_scr, *, sm_scale, causal, p, kv_len=None):
     i, j = pl.program_id(2), pl.program_id(3)
 
     @pl.when(j == 0)
@@ -133,7 +138,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_scr, 
 
     def _step():
         k = k_ref[...]
-        valid = _valid(i, j, p, causal)
+        valid = _valid(i, j, p, causal, kv_len)
         _, ds = _probs_and_ds(q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...], delta_ref[...], valid, sm_scale, p)
         dq_scr[...] += _dot(ds.astype(k.dtype), k, p.precision)
 
@@ -145,7 +150,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_scr, 
 
 
 def _dkv_kernel(
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, sm_scale, causal, p
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, sm_scale, causal, p, kv_len=None
 ):
     # Grid (batch, key head, key block j, t): t walks the key head's query heads and query blocks.
     j, t = pl.program_id(2), pl.program_id(3)
@@ -158,7 +163,7 @@ def _dkv_kernel(
 
     def _step():
         q, do = q_ref[...], do_ref[...]
-        valid = _valid(i, j, p, causal)
+        valid = _valid(i, j, p, causal, kv_len)
         probs, ds = _probs_and_ds(q, k_ref[...], v_ref[...], do, lse_ref[...], delta_ref[...], valid, sm_scale, p)
         dv_scr[...] += _dot(probs.T.astype(do.dtype), do, p.precision)
         dk_scr[...] += _dot(ds.T.astype(q.dtype), q, p.precision)
@@ -172,6 +177,26 @@ def _dkv_kernel(
 
 
 # ---- jax entry points -----------------------------------------------------------
+
+
+def _reading_key_length(kernel: Callable) -> Callable:
+    """`kernel` behind a prefetched scalar, the traced key length: refs (kv_len, *refs)."""
+
+    def run(kv_len_ref, *refs, **kwargs):
+        return kernel(*refs, kv_len=kv_len_ref[0], **kwargs)
+
+    return run
+
+
+def _launch(kernel: Callable, kv_len, grid_spec_args: dict, **call_args) -> Callable:
+    """_pallas.call of `kernel`; with a traced `kv_len`, a scalar-prefetch grid whose first
+    operand is that length (index maps take it as a trailing argument, which they ignore)."""
+    if kv_len is None:
+        return _pallas.call(kernel, grid_spec=pl.GridSpec(**grid_spec_args), **call_args)
+    grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, **grid_spec_args)
+    run = _pallas.call(_reading_key_length(kernel), grid_spec=grid_spec, **call_args)
+    length = jnp.reshape(kv_len, (1,)).astype(jnp.int32)
+    return lambda *operands: run(length, *operands)
 
 
 class _Blocks:
@@ -214,27 +239,29 @@ def _scratch(rows: int, width: int):
     return pltpu.VMEM((rows, width), jnp.float32)
 
 
-def flash_attention_forward(q, k, v, causal: bool, sm_scale: float):
-    """(out, logsumexp) for q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv); logsumexp is float32 (B, H, L)."""
+def flash_attention_forward(q, k, v, causal: bool, sm_scale: float, kv_len=None):
+    """(out, logsumexp) for q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv); logsumexp is float32
+    (B, H, L). `kv_len`: a traced int, keys at and past it are padding (masked)."""
     out_dtype = q.dtype
     q, k, v = _pallas.as_computed(q, k, v)
     p = _Blocks(q.shape, k.shape, v.shape, q.dtype, _pallas.dot_precision(q, k, v))
     group = p.group
-    q_spec = pl.BlockSpec((None, None, p.block_q, p.d), lambda b, h, i, j: (b, h, i, 0))
+    q_spec = pl.BlockSpec((None, None, p.block_q, p.d), lambda b, h, i, j, *_: (b, h, i, 0))
     kv_spec = lambda dim: pl.BlockSpec(
-        (None, None, p.block_k, dim), lambda b, h, i, j: (b, lax.div(h, group), p.kv_index(i, j, causal), 0)
+        (None, None, p.block_k, dim), lambda b, h, i, j, *_: (b, lax.div(h, group), p.kv_index(i, j, causal), 0)
     )
-    out_spec = pl.BlockSpec((None, None, p.block_q, p.dv), lambda b, h, i, j: (b, h, i, 0))
-    rows_spec = pl.BlockSpec((None, None, p.block_q, LANES), lambda b, h, i, j: (b, h, i, 0))
-    grid_spec = pl.GridSpec(
+    out_spec = pl.BlockSpec((None, None, p.block_q, p.dv), lambda b, h, i, j, *_: (b, h, i, 0))
+    rows_spec = pl.BlockSpec((None, None, p.block_q, LANES), lambda b, h, i, j, *_: (b, h, i, 0))
+    grid_spec = dict(
         grid=(p.batch, p.heads, p.num_q_blocks, p.num_kv_blocks),
         in_specs=[q_spec, kv_spec(p.d), kv_spec(p.dv)],
         out_specs=[out_spec, rows_spec],
         scratch_shapes=[_scratch(p.block_q, LANES), _scratch(p.block_q, LANES), _scratch(p.block_q, p.dv)],
     )
-    out, lse = _pallas.call(
+    out, lse = _launch(
         functools.partial(_fwd_kernel, sm_scale=sm_scale, causal=causal, p=p),
-        grid_spec=grid_spec,
+        kv_len,
+        grid_spec,
         out_shape=[
             jax.ShapeDtypeStruct((p.batch, p.heads, p.q_pad, p.dv), q.dtype),
             jax.ShapeDtypeStruct((p.batch, p.heads, p.q_pad, LANES), jnp.float32),
@@ -245,7 +272,7 @@ def flash_attention_forward(q, k, v, causal: bool, sm_scale: float):
     return out[:, :, : p.q_len, : p.v_dim].astype(out_dtype), lse[:, :, : p.q_len, 0]
 
 
-def flash_attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: float):
+def flash_attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: float, kv_len=None):
     """(dq, dk, dv) of flash_attention_forward, recomputing the probabilities from `lse`."""
     dtypes = (q.dtype, k.dtype, v.dtype)
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
@@ -257,13 +284,14 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: fl
     group, num_q_blocks = p.group, p.num_q_blocks
 
     # dq: grid (batch, head, query block i, key block j).
-    q_spec = lambda dim: pl.BlockSpec((None, None, p.block_q, dim), lambda b, h, i, j: (b, h, i, 0))
+    q_spec = lambda dim: pl.BlockSpec((None, None, p.block_q, dim), lambda b, h, i, j, *_: (b, h, i, 0))
     kv_spec = lambda dim: pl.BlockSpec(
-        (None, None, p.block_k, dim), lambda b, h, i, j: (b, lax.div(h, group), p.kv_index(i, j, causal), 0)
+        (None, None, p.block_k, dim), lambda b, h, i, j, *_: (b, lax.div(h, group), p.kv_index(i, j, causal), 0)
     )
-    dq = _pallas.call(
+    dq = _launch(
         functools.partial(_dq_kernel, sm_scale=sm_scale, causal=causal, p=p),
-        grid_spec=pl.GridSpec(
+        kv_len,
+        dict(
             grid=(p.batch, p.heads, p.num_q_blocks, p.num_kv_blocks),
             in_specs=[q_spec(p.d), kv_spec(p.d), kv_spec(p.dv), q_spec(p.dv), q_spec(LANES), q_spec(LANES)],
             out_specs=q_spec(p.d),
@@ -275,14 +303,15 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal: bool, sm_scale: fl
     )(qp, kp, vp, dop, lsep, deltap)
 
     # dk, dv: grid (batch, key head g, key block j, t), t = query head in the group * blocks + query block.
-    def q_of(b, g, j, t):
+    def q_of(b, g, j, t, *_):
         return (b, g * group + lax.div(t, num_q_blocks), p.q_index(lax.rem(t, num_q_blocks), j, causal), 0)
 
     rows_of = lambda dim: pl.BlockSpec((None, None, p.block_q, dim), q_of)
-    kv_own = lambda dim: pl.BlockSpec((None, None, p.block_k, dim), lambda b, g, j, t: (b, g, j, 0))
-    dk, dv = _pallas.call(
+    kv_own = lambda dim: pl.BlockSpec((None, None, p.block_k, dim), lambda b, g, j, t, *_: (b, g, j, 0))
+    dk, dv = _launch(
         functools.partial(_dkv_kernel, sm_scale=sm_scale, causal=causal, p=p),
-        grid_spec=pl.GridSpec(
+        kv_len,
+        dict(
             grid=(p.batch, p.kv_heads, p.num_kv_blocks, group * num_q_blocks),
             in_specs=[rows_of(p.d), kv_own(p.d), kv_own(p.dv), rows_of(p.dv), rows_of(LANES), rows_of(LANES)],
             out_specs=[kv_own(p.d), kv_own(p.dv)],

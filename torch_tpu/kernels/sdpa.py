@@ -26,8 +26,10 @@ lowerings.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax.numpy as jnp
 import torch
@@ -114,12 +116,30 @@ def _scale(query, scale):
     return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
 
 
+# A traced key length while a bucketed graph (compile/buckets.py) evaluates the fused ops on
+# keys padded past it; None elsewhere.
+_key_length: contextvars.ContextVar = contextvars.ContextVar("torch_tpu_sdpa_key_length", default=None)
+
+
+@contextlib.contextmanager
+def keys_valid_to(length) -> Iterator[None]:
+    """The fused ops' graph forms traced inside mask the keys at and past `length` (a traced int):
+    padding that a bucketed graph added to the key length."""
+    token = _key_length.set(length)
+    try:
+        yield
+    finally:
+        _key_length.reset(token)
+
+
 def _graph_forward(
     query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
 ):
     """The fused forward in a compiled graph (jax arrays): the flash kernel. The meta kernel gives
     no cumulative lengths or debug mask, and 0-d seeds."""
-    out, lse = flash.flash_attention_forward(query, key, value, bool(is_causal), _scale(query, scale))
+    out, lse = flash.flash_attention_forward(
+        query, key, value, bool(is_causal), _scale(query, scale), kv_len=_key_length.get()
+    )
     seed = jnp.zeros((), jnp.int64)
     return out, lse, None, None, query.shape[2], key.shape[2], seed, seed, None
 
@@ -128,7 +148,7 @@ def _graph_backward(
     grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, *unused, is_causal=False, scale=None
 ):
     dq, dk, dv = flash.flash_attention_backward(
-        grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale)
+        grad_out, query, key, value, out, logsumexp, bool(is_causal), _scale(query, scale), kv_len=_key_length.get()
     )
     return dq, dk, dv, None
 
@@ -209,11 +229,11 @@ def _graph_backward_call(*args, scale=None):
 
 # The portable rules, where Pallas only interprets (the fused op is one XLA attention op), and
 # TPU's beside them (the flash kernel, in eager calls and compiled graphs).
-_FUSED = aten._scaled_dot_product_fused_attention_overrideable.default
-_FUSED_BACKWARD = aten._scaled_dot_product_fused_attention_overrideable_backward.default
+FUSED = aten._scaled_dot_product_fused_attention_overrideable.default
+FUSED_BACKWARD = aten._scaled_dot_product_fused_attention_overrideable_backward.default
 lower(aten._fused_sdp_choice.default, eager=True)(_choice_rule(kernel=False))
 lower(aten._fused_sdp_choice.default, eager=True, platform="tpu")(_choice_rule(kernel=True))
-lower(_FUSED, eager=True)(_forward_rule(_xla_attention))
-lower(_FUSED, eager=True, graph=_graph_forward, platform="tpu")(_forward_rule(_flash_attention))
-lower(_FUSED_BACKWARD, eager=True)(_backward_rule(_xla_gradients))
-lower(_FUSED_BACKWARD, eager=True, graph=_graph_backward_call, platform="tpu")(_backward_rule(_flash_gradients))
+lower(FUSED, eager=True)(_forward_rule(_xla_attention))
+lower(FUSED, eager=True, graph=_graph_forward, platform="tpu")(_forward_rule(_flash_attention))
+lower(FUSED_BACKWARD, eager=True)(_backward_rule(_xla_gradients))
+lower(FUSED_BACKWARD, eager=True, graph=_graph_backward_call, platform="tpu")(_backward_rule(_flash_gradients))
