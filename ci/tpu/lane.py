@@ -70,7 +70,7 @@ class Lane:
         for name in ("tests", "examples", "benchmarks", "ci"):
             (self.scratch / name).symlink_to(self.repo / name)
         self.env = dict(os.environ, TORCH_TPU_PLATFORM=args.platform, TORCH_TPU_ASYNC_COMPILE="0")
-        self.env["TORCH_TPU_CACHE_DIR"] = str(self.scratch / "cache")
+        self.env["TORCH_TPU_CACHE_DIR"] = args.cache_dir or str(self.scratch / "cache")
         self.env.pop("TORCH_TPU_NUM_CPU_DEVICES", None)
         self.results: dict = {
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -428,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-timeout", type=float, default=300, help="seconds one test may take (pytest-timeout)")
     parser.add_argument(
         "--resume", metavar="LANE_JSON", help="an earlier lane.json: its tests not run again, its outcomes kept"
+    )
+    parser.add_argument(
+        "--cache-dir", help="TORCH_TPU_CACHE_DIR of every part (default: a fresh one); resumed runs can share one"
     )
     parser.add_argument("--retry-failed", action="store_true", help="with --resume: run its failed tests again")
     parser.add_argument("--platform", default="tpu", help="TORCH_TPU_PLATFORM for every part (cpu: try the lane)")
