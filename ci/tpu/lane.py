@@ -190,13 +190,16 @@ class Lane:
         ]
         code, output, seconds = self.run(name, cmd, timeout, env=env)
         collected_file = self.scratch / f"{name}.collected"
+        collected = collected_file.read_text().split("\n") if collected_file.exists() else None
+        if earlier and collected:  # an earlier outcome of a test its file no longer has is dropped
+            earlier = _without_gone_tests(earlier, set(collected))
         part = {
             "exit": code,
             "seconds": round(seconds, 1),
             "stopped_early": "time budget" in output,
             # pytest's 2 is an interrupted session (the time budget's stop), 5 is no test left to run
             "exit_ok": code in (0, 1) or (code == 2 and "time budget" in output) or (code == 5 and bool(earlier)),
-            "collected": int(collected_file.read_text()) if collected_file.exists() else None,
+            "collected": len(collected) if collected else None,
             "outcomes": {},
             "reasons": {},
         }
@@ -205,7 +208,7 @@ class Lane:
             if state == "failed":
                 part["reasons"][test] = why
         part = _tally(part, _expected_failures(self.repo / "ci" / "tpu" / "expected_failures.txt"))
-        return combine_tests(earlier, part) if earlier else part
+        return {**combine_tests(earlier, part), "resumed": True} if earlier else part
 
     def _example(self, name: str, cmd: list[str], harness: bool) -> dict:
         code, output, seconds = self.python(f"example {name}", cmd, 590)
@@ -301,6 +304,14 @@ def _tally(part: dict, expected: dict[str, str]) -> dict:
         "failures": {t: reasons.get(t, "") for t in failed},
         "unexpected_failures": sorted(set(failed) - set(expected)),
     }
+
+
+def _without_gone_tests(part: dict, collected: set[str]) -> dict:
+    """`part` less the outcomes of tests that a run collecting their module did not collect
+    (renamed or removed since)."""
+    modules = {t.split("::")[0] for t in collected}
+    keep = {t: s for t, s in part.get("outcomes", {}).items() if t in collected or t.split("::")[0] not in modules}
+    return {**part, "outcomes": keep}
 
 
 def combine_tests(earlier: dict, later: dict) -> dict:
@@ -400,13 +411,14 @@ def merge(paths: list[str], out: pathlib.Path) -> int:
     for path in paths:
         run = json.loads(pathlib.Path(path).read_text())
         runs = run.get("runs") or [{"date": run["date"], "commit": run["commit"], "parts": sorted(run["parts"])}]
-        combined = {
+        combined = {  # a resumed run's test part already holds the earlier outcomes it kept
             name: combine_tests(merged["parts"][name], part)
             for name, part in run["parts"].items()
-            if "outcomes" in part and "outcomes" in merged["parts"].get(name, {})
+            if "outcomes" in part and "outcomes" in merged["parts"].get(name, {}) and not part.get("resumed")
         }
+        kept = set(combined) | {name for name, part in run["parts"].items() if part.get("resumed")}
         for earlier in merged["runs"]:  # a later run's part replaces an earlier one's; test parts combine
-            earlier["parts"] = [p for p in earlier["parts"] if p not in run["parts"] or p in combined]
+            earlier["parts"] = [p for p in earlier["parts"] if p not in run["parts"] or p in kept]
         merged["runs"] = [r for r in merged["runs"] if r["parts"]] + runs
         merged["parts"].update(run["parts"])
         merged["parts"].update(combined)

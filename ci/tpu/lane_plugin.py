@@ -4,7 +4,7 @@
   passed, so a run fits the time it has.
 - Leaves out the tests named in the file TORCH_TPU_LANE_DONE (one JUnit-style id per line,
   `tests.test_x::test_y[...]`): an earlier run's, so a suite longer than one call resumes.
-- Writes the number of tests collected, before that, to TORCH_TPU_LANE_COLLECTED.
+- Writes the ids of the tests collected, before that, to TORCH_TPU_LANE_COLLECTED.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def junit_id(nodeid: str) -> str:
 def pytest_collection_modifyitems(config, items):
     collected = os.environ.get("TORCH_TPU_LANE_COLLECTED")
     if collected:
-        pathlib.Path(collected).write_text(str(len(items)))
+        pathlib.Path(collected).write_text("\n".join(junit_id(item.nodeid) for item in items))
     done_file = os.environ.get("TORCH_TPU_LANE_DONE")
     if not done_file:
         return
