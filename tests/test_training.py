@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tests.helpers import platform_tol
+
 
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
@@ -37,14 +39,14 @@ def test_mlp_sgd_matches_cpu(no_fallbacks):
     model = _mlp()
     cpu = _train(copy.deepcopy(model), "cpu", 20, "sgd")
     tpu = _train(model, "tpu", 20, "sgd")
-    torch.testing.assert_close(tpu, cpu, rtol=0, atol=1e-5)
+    torch.testing.assert_close(tpu, cpu, **platform_tol({"rtol": 0, "atol": 1e-5}))  # GELU, cross entropy
 
 
 def test_mlp_adamw_matches_cpu(no_fallbacks):
     model = _mlp()
     cpu = _train(copy.deepcopy(model), "cpu", 20, "adamw")
     tpu = _train(model, "tpu", 20, "adamw")
-    torch.testing.assert_close(tpu, cpu, rtol=0, atol=1e-5)
+    torch.testing.assert_close(tpu, cpu, **platform_tol({"rtol": 0, "atol": 1e-5}))  # GELU, cross entropy, sqrt
 
 
 class _SmallCNN(nn.Module):
@@ -72,9 +74,10 @@ def test_cnn_forward_backward_matches_cpu(no_fallbacks):
         loss = F.nll_loss(model(x.to(device)), y.to(device))
         loss.backward()
         losses.append(loss)
-    torch.testing.assert_close(losses[1].cpu(), losses[0], rtol=1e-5, atol=1e-5)
+    # batch norm's rsqrt and log_softmax; the running statistics are a mean and a variance
+    torch.testing.assert_close(losses[1].cpu(), losses[0], **platform_tol({"rtol": 1e-5, "atol": 1e-5}))
     for (name, p_cpu), p_tpu in zip(cpu_model.named_parameters(), tpu_model.parameters()):
-        torch.testing.assert_close(p_tpu.grad.cpu(), p_cpu.grad, rtol=1e-4, atol=1e-4, msg=name)
+        torch.testing.assert_close(p_tpu.grad.cpu(), p_cpu.grad, **platform_tol({"rtol": 1e-4, "atol": 1e-4}), msg=name)
     torch.testing.assert_close(tpu_model.bn.running_mean.cpu(), cpu_model.bn.running_mean)
     torch.testing.assert_close(tpu_model.bn.running_var.cpu(), cpu_model.bn.running_var)
 
@@ -88,4 +91,4 @@ def test_mingpt_example_trains_like_cpu():
 
     tpu = train("tpu", 3)
     cpu = train("cpu", 3)
-    torch.testing.assert_close(tpu, cpu, rtol=0, atol=1e-4)
+    torch.testing.assert_close(tpu, cpu, **platform_tol({"rtol": 0, "atol": 1e-4}))  # softmax, GELU, layer norm
