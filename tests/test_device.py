@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -223,6 +224,14 @@ def test_sync_waits():
         t = t @ t / 256
     torch_tpu.sync()
     torch.testing.assert_close(t.cpu(), torch.ones(256, 256))
+
+
+def test_float64_keeps_its_range_and_precision_through_arithmetic(no_fallbacks):
+    """float64 beyond float32's exponent range and past its 24 bits, through an op (on TPU, XLA
+    emulates float64; this pins what it keeps)."""
+    x = torch.tensor([1e300, -1e-300, 1.0 + 2.0**-52, 3.0e38 * 16, math.pi], dtype=torch.float64)
+    got = (x.to("tpu") * 3.0 - x.to("tpu")).cpu()
+    torch.testing.assert_close(got, x * 3.0 - x, rtol=1e-14, atol=0)
 
 
 def test_dtype_views_reinterpret_bits(no_fallbacks):
