@@ -65,3 +65,38 @@ def test_int64_products_and_float64_det_on_the_device(no_fallbacks):
         assert torch.equal(fn(x.to("tpu"), y.to("tpu")).cpu(), fn(x, y))
     m = torch.randn(3, 4, 4, dtype=torch.float64)
     torch.testing.assert_close(torch.linalg.det(m.to("tpu")).cpu(), torch.linalg.det(m), rtol=1e-12, atol=1e-12)
+
+
+def _operand_types(module: str, op: str) -> str:
+    """The `(operand types) -> result` signature of the first `op` in `module`'s text."""
+    rest = module[module.index(f'"stablehlo.{op}"') :]
+    signature = rest[rest.index(" : (") :]
+    return signature[: signature.index("\n")]
+
+
+def test_embedding_gathers_and_scatters_with_int32_indices():
+    """TPUs have no 64-bit integer units: torch's int64 indices become int32 for the gather of
+    embedding (index_select) and the scatter of its backward, after their int64 range check."""
+    from torch_tpu.ops.lowerings import embedding, indexing
+
+    table, grads = jax.ShapeDtypeStruct((50, 16), jnp.float32), jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)
+    index = jax.ShapeDtypeStruct((4, 8), jnp.int64)
+    forward = _lowered(lambda x, i: indexing.index_select(x, 0, i), table, index, platform="tpu")
+    backward = _lowered(
+        lambda g, i: embedding.embedding_dense_backward(g, i, 50, -1, False), grads, index, platform="tpu"
+    )
+    for signature in (_operand_types(forward, "gather"), _operand_types(backward, "scatter")):
+        assert "xi32>" in signature and "xi64>" not in signature, signature
+    assert "stablehlo.select" not in forward  # no out-of-bounds fill over the result
+
+
+def test_embedding_forward_and_backward_on_the_device(no_fallbacks):
+    table = torch.randn(50, 16, requires_grad=True)
+    index = torch.randint(0, 50, (4, 8))
+    expected = torch.nn.functional.embedding(index, table)
+    expected.square().sum().backward()
+    tpu_table = table.detach().to("tpu").requires_grad_()
+    got = torch.nn.functional.embedding(index.to("tpu"), tpu_table)
+    got.square().sum().backward()
+    assert torch.equal(got.detach().cpu(), expected.detach())
+    torch.testing.assert_close(tpu_table.grad.cpu(), table.grad)

@@ -71,10 +71,11 @@ class Queued:
     """A check's verdict rows not computed yet: `rows(*static, *arrays)`, computed with every other
     queued one at the next host read (raise_pending), or alone when read first (`value`)."""
 
-    __slots__ = ("arrays", "result", "rows", "static")
+    __slots__ = ("arrays", "result", "rows", "stacked", "static")
 
     def __init__(self, rows: Callable, static: tuple, arrays: tuple):
         self.rows, self.static, self.arrays, self.result = rows, static, arrays, None
+        self.stacked: tuple | None = None  # (the queue's rows in one array, this one's first row)
 
     def spec(self) -> tuple:
         return (self.rows, self.static, len(self.arrays))
@@ -86,12 +87,13 @@ class Queued:
 
 
 def _batched_rows(specs, *arrays):
-    """The verdict rows of each (rows, static, number of arrays) in `specs`, over `arrays` in turn."""
+    """The verdict rows of each (rows, static, number of arrays) in `specs`, over `arrays` in turn,
+    and all of them in one array (a host read fetches that one, not one array per check)."""
     out, start = [], 0
     for rows, static, count in specs:
         out.append(rows(*static, *arrays[start : start + count]))
         start += count
-    return out
+    return out, jnp.concatenate(out)
 
 
 _batched = executable_cache.jit(_batched_rows, static_argnums=0)
@@ -120,10 +122,12 @@ def compute(queued: list[Queued]) -> None:
 
 
 def _compute_together(queued: list[Queued]) -> None:
-    results = _batched(tuple(q.spec() for q in queued), *(a for q in queued for a in q.arrays))
+    results, stacked = _batched(tuple(q.spec() for q in queued), *(a for q in queued for a in q.arrays))
     metrics.bump("executions")
+    first = 0
     for q, result in zip(queued, results):
-        q.result, q.arrays = result, ()
+        q.result, q.arrays, q.stacked = result, (), (stacked, first)
+        first += result.shape[0]
 
 
 def verdicts(rows: Callable, jitted: Callable, static: tuple, args: tuple[torch.Tensor, ...], flat: bool = False):
@@ -193,14 +197,25 @@ def raise_pending() -> None:
     queued = [v for v, _, _ in taken if isinstance(v, Queued) and v.result is None]
     if queued:
         compute(queued)
-    arrays = []
+    # What to fetch: each queue's stacked rows once (id -> array), and each other verdict itself.
+    fetch: dict[int, jax.Array] = {}
+    where = []  # per taken verdict: (fetched array's id, first row, rows) or (id, None, None)
     for verdict, _, _ in taken:
+        if isinstance(verdict, Queued) and verdict.stacked is not None:
+            stacked, first = verdict.stacked
+            fetch.setdefault(id(stacked), stacked)
+            where.append((id(stacked), first, verdict.result.shape[0]))
+            continue
         if isinstance(verdict, Queued):
             verdict = verdict.result
         if not isinstance(verdict, jax.Array):  # recorded lazily: run the trace it belongs to
             verdict = tensors.lazy.concrete([verdict])[0] if tensors.lazy is not None else verdict.value
-        arrays.append(global_arrays.fetchable(verdict))
-    for rows, (_, errors, what) in zip(jax.device_get(arrays), taken):
+        fetch.setdefault(id(verdict), verdict)
+        where.append((id(verdict), None, None))
+    keys = list(fetch)
+    fetched = dict(zip(keys, jax.device_get([global_arrays.fetchable(fetch[k]) for k in keys])))
+    for (key, first, count), (_, errors, what) in zip(where, taken):
+        rows = fetched[key] if first is None else fetched[key][first : first + count]
         note = f"({what}: torch_tpu checks values on the device and reports at the next host read)"
         _raise_first(rows, errors, note)
 

@@ -61,6 +61,15 @@ def to_opmath(x):
     return None if x is None else x.astype(opmath(x.dtype))
 
 
+def narrow_indices(index, size: int):
+    """int64 indices into a dim of `size` as int32 where int32 holds every valid index: TPUs have
+    no 64-bit integer units (XLA emulates them), so int32 index arithmetic runs natively. Callers
+    range-check the int64 values (an index out of range raises, as on CPU)."""
+    if index.dtype == jnp.int64 and size < 2**31:
+        return index.astype(jnp.int32)
+    return index
+
+
 def type_name(dtype) -> str:
     """ATen's name of a torch or numpy dtype ("Float", "Long", ...), as its messages spell it."""
     if not isinstance(dtype, torch.dtype):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 
 from torch_tpu.ops.checks import Failure, check_ranges, first_outside, to_host
-from torch_tpu.ops.dtypes import to_opmath, type_name
+from torch_tpu.ops.dtypes import narrow_indices, to_opmath, type_name
 from torch_tpu.ops.registry import Check, aten, lower
 from torch_tpu.ops.tensors import to_jax
 from torch_tpu.platforms.cpu import host_tier
@@ -17,7 +17,7 @@ from torch_tpu.platforms.cpu import host_tier
 
 @lower(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
-    idx = indices.reshape(-1)
+    idx = narrow_indices(indices.reshape(-1), num_weights)
     g = to_opmath(grad_output).reshape(idx.shape[0], -1)
     if padding_idx >= 0:
         g = jnp.where((idx == padding_idx)[:, None], 0, g)

@@ -25,7 +25,7 @@ from torch._prims_common import alert_not_deterministic
 from torch_tpu import metrics
 from torch_tpu.ops import dispatcher
 from torch_tpu.ops.checks import Failure, check_ranges, first_outside, range_check, to_host
-from torch_tpu.ops.dtypes import type_name
+from torch_tpu.ops.dtypes import narrow_indices, type_name
 from torch_tpu.ops.promotion import cast
 from torch_tpu.ops.registry import Check, Lowering, aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax, write_jax
@@ -233,9 +233,11 @@ def _along(axis: int, index):
     check=_argument_checks(_index_select_args, range_check(False, IndexError, "index out of range in self")),
 )
 def index_select(x, dim, index):
-    if x.ndim == 0:
-        return jnp.take(x.reshape(1), index.reshape(-1), axis=0).reshape(())
-    return jnp.take(x, index.reshape(-1), axis=dim % x.ndim)
+    # the check has ranged the indices: "clip" clamps them, no fill (a select over the whole result)
+    flat = x.reshape(1) if x.ndim == 0 else x
+    axis = dim % flat.ndim
+    out = jnp.take(flat, narrow_indices(index.reshape(-1), flat.shape[axis]), axis=axis, mode="clip")
+    return out.reshape(()) if x.ndim == 0 else out
 
 
 def _index_update(x, dim, index, value, how):
