@@ -111,3 +111,23 @@ def test_checks_stay_synchronous_on_the_cpu_client(monkeypatch):
     assert not deferred_checks.enabled()
     with pytest.raises(IndexError, match="index out of range in self"):
         F.embedding(torch.tensor([11]).to("tpu"), torch.randn(10, 4).to("tpu"))
+
+
+def test_a_host_read_fetches_a_queue_of_verdicts_as_one_array(deferred, monkeypatch):
+    """Queued checks computed together come back in one transfer (each is a device-to-host copy
+    on TPU), and a failure among them still raises its own op's error."""
+    fetched = []
+    device_get = deferred_checks.jax.device_get
+    monkeypatch.setattr(
+        deferred_checks.jax, "device_get", lambda arrays: fetched.append(len(arrays)) or device_get(arrays)
+    )
+    w, good = torch.randn(10, 4).to("tpu"), torch.tensor([1, 2, 3]).to("tpu")
+    for _ in range(5):
+        F.embedding(good, w)
+    torch.tpu.synchronize()
+    assert fetched == [1]
+    F.embedding(good, w)
+    F.embedding(torch.tensor([1, 12]).to("tpu"), w)
+    F.embedding(good, w)
+    with pytest.raises(IndexError, match="index out of range"):
+        torch.tpu.synchronize()
