@@ -74,9 +74,9 @@ def _operand_types(module: str, op: str) -> str:
     return signature[: signature.index("\n")]
 
 
-def test_embedding_gathers_and_scatters_with_int32_indices():
-    """TPUs have no 64-bit integer units: torch's int64 indices become int32 for the gather of
-    embedding (index_select) and the scatter of its backward, after their int64 range check."""
+def test_gathers_and_scatters_take_int32_indices():
+    """TPUs have no 64-bit integer units: torch's int64 indices become int32 (after their int64
+    range check) for embedding's gather (index_select), its backward's scatter, gather and scatter."""
     from torch_tpu.ops.lowerings import embedding, indexing
 
     table, grads = jax.ShapeDtypeStruct((50, 16), jnp.float32), jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)
@@ -85,7 +85,14 @@ def test_embedding_gathers_and_scatters_with_int32_indices():
     backward = _lowered(
         lambda g, i: embedding.embedding_dense_backward(g, i, 50, -1, False), grads, index, platform="tpu"
     )
-    for signature in (_operand_types(forward, "gather"), _operand_types(backward, "scatter")):
+    dim_gather = _lowered(lambda x, i: indexing.gather(x, 1, i), table, index, platform="tpu")
+    dim_scatter = _lowered(lambda x, i: indexing.scatter_add(x, 1, i, x[:4, :8]), table, index, platform="tpu")
+    for signature in (
+        _operand_types(forward, "gather"),
+        _operand_types(backward, "scatter"),
+        _operand_types(dim_gather, "gather"),
+        _operand_types(dim_scatter, "scatter"),
+    ):
         assert "xi32>" in signature and "xi64>" not in signature, signature
     assert "stablehlo.select" not in forward  # no out-of-bounds fill over the result
 

@@ -42,8 +42,8 @@ def _at_least_1d(*arrays):
 
 
 def _scatter_index(index, axis):
-    """Full coordinates for scattering along `axis` at `index`."""
-    return tuple(index if d == axis else lax.broadcasted_iota(jnp.int64, index.shape, d) for d in range(index.ndim))
+    """Full coordinates for scattering along `axis` at `index` (in index's dtype)."""
+    return tuple(index if d == axis else lax.broadcasted_iota(index.dtype, index.shape, d) for d in range(index.ndim))
 
 
 def _crop(src, shape):
@@ -56,13 +56,14 @@ def gather(x, dim, index, *, sparse_grad=False):
     x, index = _at_least_1d(x, index)
     axis = dim % x.ndim
     cropped = x[tuple(slice(None) if d == axis else slice(0, index.shape[d]) for d in range(x.ndim))]
-    return jnp.take_along_axis(cropped, index, axis=axis).reshape(shape)
+    return jnp.take_along_axis(cropped, narrow_indices(index, x.shape[axis]), axis=axis).reshape(shape)
 
 
 def _scatter(x, dim, index, src, how: str):
     shape = x.shape
     x, index = _at_least_1d(x, index)
     axis = dim % x.ndim
+    index = narrow_indices(index, max(x.shape))  # its iota coordinates of the other dims too
     src = jnp.asarray(src).astype(x.dtype)
     if src.ndim > 0:
         src = _crop(src.reshape(-1) if src.ndim != index.ndim else src, index.shape)
