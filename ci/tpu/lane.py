@@ -44,6 +44,7 @@ import time
 import xml.etree.ElementTree as ET
 
 PARTS = ("env", "kernels", "kernel_bench", "sync", "tests", "hf", "ecosystem", "examples", "ops", "training")
+SLOWEST = 15  # the slowest tests of a test part, kept with their seconds (where the lane's time goes)
 HARNESS_EXAMPLES = ("mingpt", "llama", "qwen", "resnet", "dlrm", "unet")
 OTHER_EXAMPLES = {
     "moe": ["examples/moe/gmm_moe.py", "--check"],
@@ -203,10 +204,12 @@ class Lane:
             "outcomes": {},
             "reasons": {},
         }
+        durations = _durations(xml) if xml.exists() else {}
         for test, (state, why) in (_junit(xml) if xml.exists() else {}).items():
             part["outcomes"][test] = state
             if state == "failed":
                 part["reasons"][test] = why
+        part["slowest"] = _slowest(durations)
         part = _tally(part, _expected_failures(self.repo / "ci" / "tpu" / "expected_failures.txt"))
         return {**combine_tests(earlier, part), "resumed": True} if earlier else part
 
@@ -246,6 +249,9 @@ def markdown(results: dict) -> str:
             lines += [
                 f"- `{t}`{'' if t in unexpected else ' (expected)'}: {why}" for t, why in tests["failures"].items()
             ]
+        if tests and tests.get("slowest"):
+            lines += ["", f"## {name}: slowest tests", ""]
+            lines += [f"- `{t}`: {seconds} s" for t, seconds in tests["slowest"]]
     if "examples" in parts:
         lines += ["", "## Examples (`--check`)", "", "| example | result | seconds |", "|---|---|---|"]
         for name, e in parts["examples"]["examples"].items():
@@ -327,8 +333,22 @@ def combine_tests(earlier: dict, later: dict) -> dict:
         "collected": later.get("collected") or earlier.get("collected"),
         "outcomes": outcomes,
         "reasons": {t: why for t, why in reasons.items() if outcomes.get(t) == "failed"},
+        "slowest": _slowest({**dict(earlier.get("slowest", [])), **dict(later.get("slowest", []))}),
     }
     return _tally(part, _expected_failures(pathlib.Path(__file__).parent / "expected_failures.txt"))
+
+
+def _slowest(durations: dict[str, float]) -> list[list]:
+    """The SLOWEST [test id, seconds] pairs, slowest first (a list: lane.json sorts dict keys)."""
+    return [[t, s] for t, s in sorted(durations.items(), key=lambda kv: -kv[1])[:SLOWEST]]
+
+
+def _durations(path: pathlib.Path) -> dict[str, float]:
+    """test id -> seconds, from the JUnit XML."""
+    return {
+        f"{case.get('classname', '')}::{case.get('name', '')}": round(float(case.get("time") or 0), 1)
+        for case in ET.parse(path).getroot().iter("testcase")
+    }
 
 
 def _junit(path: pathlib.Path) -> dict[str, tuple[str, str]]:
