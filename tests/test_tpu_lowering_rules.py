@@ -76,7 +76,8 @@ def _operand_types(module: str, op: str) -> str:
 
 def test_gathers_and_scatters_take_int32_indices():
     """TPUs have no 64-bit integer units: torch's int64 indices become int32 (after their int64
-    range check) for embedding's gather (index_select), its backward's scatter, gather and scatter."""
+    range check) for embedding's gather (index_select), its backward's scatter, gather, scatter,
+    advanced indexing and index_put."""
     from torch_tpu.ops.lowerings import embedding, indexing
 
     table, grads = jax.ShapeDtypeStruct((50, 16), jnp.float32), jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)
@@ -87,11 +88,15 @@ def test_gathers_and_scatters_take_int32_indices():
     )
     dim_gather = _lowered(lambda x, i: indexing.gather(x, 1, i), table, index, platform="tpu")
     dim_scatter = _lowered(lambda x, i: indexing.scatter_add(x, 1, i, x[:4, :8]), table, index, platform="tpu")
+    advanced = _lowered(lambda x, i: indexing._index(x, [i]), table, index, platform="tpu")
+    put = _lowered(lambda x, i: indexing.put_values(x, [i], 1.0, accumulate=True), table, index, platform="tpu")
     for signature in (
         _operand_types(forward, "gather"),
         _operand_types(backward, "scatter"),
         _operand_types(dim_gather, "gather"),
         _operand_types(dim_scatter, "scatter"),
+        _operand_types(advanced, "gather"),
+        _operand_types(put, "scatter"),
     ):
         assert "xi32>" in signature and "xi64>" not in signature, signature
     assert "stablehlo.select" not in forward  # no out-of-bounds fill over the result

@@ -541,8 +541,14 @@ def _out_of_bounds(value, dim: int, size: int) -> str:
     return f"index {value} is out of bounds for dimension {dim} with size {size}"
 
 
+def _narrowed(x, indices) -> tuple:
+    """`indices` as an indexing tuple of `x`, int64 ones as int32 where they fit (narrow_indices)."""
+    sizes = (*x.shape, *([2**31] * len(indices)))  # past x's dims: left as they are
+    return tuple(slice(None) if i is None else narrow_indices(i, sizes[d]) for d, i in enumerate(indices))
+
+
 def _index(x, indices):
-    return x[tuple(slice(None) if i is None else i for i in indices)]
+    return x[_narrowed(x, indices)]
 
 
 def index_failures(x, indices, *args, **kwargs) -> list[Failure]:
@@ -567,7 +573,7 @@ def index(self, indices):
 
 
 def put_values(x, indices, values, accumulate=False, unsafe=False):
-    ref = x.at[tuple(slice(None) if i is None else i for i in indices)]
+    ref = x.at[_narrowed(x, indices)]
     values = jnp.asarray(values).astype(x.dtype)
     if not accumulate:
         return ref.set(values)
