@@ -3,8 +3,7 @@ process, one at a time (one process holds the chip), and writes lane.md, lane.js
 
     python ci/tpu/lane.py [--parts env,kernels,sync,tests,hf,examples,ops,training] [--out DIR]
         [--commit SHA] [--tests FILE...] [--test-seconds N] [--resume LANE_JSON [--retry-failed]]
-        [--platform tpu]
-        [--training-args "..."]
+        [--cache-dir DIR] [--platform tpu] [--training-args "..."]
 
 Parts:
   env       platform, chip, versions
@@ -44,6 +43,7 @@ import time
 import xml.etree.ElementTree as ET
 
 PARTS = ("env", "kernels", "kernel_bench", "sync", "tests", "hf", "ecosystem", "examples", "ops", "training")
+EXPECTED_FAILURES = pathlib.Path(__file__).parent / "expected_failures.txt"  # failures known on TPU, why
 SLOWEST = 15  # the slowest tests of a test part, kept with their seconds (where the lane's time goes)
 HARNESS_EXAMPLES = ("mingpt", "llama", "qwen", "resnet", "dlrm", "unet")
 OTHER_EXAMPLES = {
@@ -204,13 +204,13 @@ class Lane:
             "outcomes": {},
             "reasons": {},
         }
-        durations = _durations(xml) if xml.exists() else {}
-        for test, (state, why) in (_junit(xml) if xml.exists() else {}).items():
+        results = _junit(xml) if xml.exists() else {}
+        for test, (state, why, _) in results.items():
             part["outcomes"][test] = state
             if state == "failed":
                 part["reasons"][test] = why
-        part["slowest"] = _slowest(durations)
-        part = _tally(part, _expected_failures(self.repo / "ci" / "tpu" / "expected_failures.txt"))
+        part["slowest"] = _slowest({test: seconds for test, (_, _, seconds) in results.items()})
+        part = _tally(part, _expected_failures(EXPECTED_FAILURES))
         return {**combine_tests(earlier, part), "resumed": True} if earlier else part
 
     def _example(self, name: str, cmd: list[str], harness: bool) -> dict:
@@ -335,7 +335,7 @@ def combine_tests(earlier: dict, later: dict) -> dict:
         "reasons": {t: why for t, why in reasons.items() if outcomes.get(t) == "failed"},
         "slowest": _slowest({**dict(earlier.get("slowest", [])), **dict(later.get("slowest", []))}),
     }
-    return _tally(part, _expected_failures(pathlib.Path(__file__).parent / "expected_failures.txt"))
+    return _tally(part, _expected_failures(EXPECTED_FAILURES))
 
 
 def _slowest(durations: dict[str, float]) -> list[list]:
@@ -343,16 +343,8 @@ def _slowest(durations: dict[str, float]) -> list[list]:
     return [[t, s] for t, s in sorted(durations.items(), key=lambda kv: -kv[1])[:SLOWEST]]
 
 
-def _durations(path: pathlib.Path) -> dict[str, float]:
-    """test id -> seconds, from the JUnit XML."""
-    return {
-        f"{case.get('classname', '')}::{case.get('name', '')}": round(float(case.get("time") or 0), 1)
-        for case in ET.parse(path).getroot().iter("testcase")
-    }
-
-
-def _junit(path: pathlib.Path) -> dict[str, tuple[str, str]]:
-    """test id -> (passed | failed | skipped, first line of the failure)."""
+def _junit(path: pathlib.Path) -> dict[str, tuple[str, str, float]]:
+    """test id -> (passed | failed | skipped, first line of the failure, seconds)."""
     outcomes = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
@@ -365,7 +357,7 @@ def _junit(path: pathlib.Path) -> dict[str, tuple[str, str]]:
                 )
             elif child.tag == "skipped":
                 state, why = "skipped", (child.get("message") or "")[:200]
-        outcomes[name] = (state, why)
+        outcomes[name] = (state, why, round(float(case.get("time") or 0), 1))
     return outcomes
 
 

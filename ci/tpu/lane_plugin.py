@@ -31,9 +31,9 @@ def pytest_collection_modifyitems(config, items):
     if not done_file:
         return
     done = set(pathlib.Path(done_file).read_text().split("\n"))
-    keep = [item for item in items if junit_id(item.nodeid) not in done]
-    config.hook.pytest_deselected(items=[item for item in items if junit_id(item.nodeid) in done])
-    items[:] = keep
+    ran = [junit_id(item.nodeid) in done for item in items]
+    config.hook.pytest_deselected(items=[item for item, was in zip(items, ran) if was])
+    items[:] = [item for item, was in zip(items, ran) if not was]
 
 
 def pytest_runtest_logfinish(nodeid, location):
