@@ -14,7 +14,9 @@ Parts:
             pytest process, each test's outcome recorded; ci/tpu/expected_failures.txt lists the
             failures known on TPU with their reasons. A suite longer than one call runs over
             several: --resume LANE_JSON leaves out the tests that run has an outcome for
-            (--retry-failed: but its failures) and adds its outcomes (--test-seconds: the budget)
+            (--retry-failed: but its failures) and adds its outcomes (--test-seconds: the budget).
+            A test that kills the process (XLA:TPU aborts on what it cannot compile) fails with
+            the fatal line XLA printed, and pytest starts again after it
   hf        tests/test_hf_models.py (the HF families against CPU's logits and greedy tokens)
   ecosystem HF Trainer and accelerate bf16, Lightning bf16-mixed, torch.profiler device time and
             torch.tpu's API (tests/test_hf_trainer.py, test_lightning.py,
@@ -40,10 +42,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 
 PARTS = ("env", "kernels", "kernel_bench", "sync", "tests", "hf", "ecosystem", "examples", "ops", "training")
 EXPECTED_FAILURES = pathlib.Path(__file__).parent / "expected_failures.txt"  # failures known on TPU, why
+MIN_ROUND_SECONDS = 60  # a tests part starts pytest again after a crash while this much time is left
 SLOWEST = 15  # the slowest tests of a test part, kept with their seconds (where the lane's time goes)
 HARNESS_EXAMPLES = ("mingpt", "llama", "qwen", "resnet", "dlrm", "unet")
 OTHER_EXAMPLES = {
@@ -159,20 +161,23 @@ class Lane:
         return [f for f in files if f not in skip and not f.startswith("tests/test_kernels_")]
 
     def pytest(self, name: str, files: list[str], timeout: float, budget: float | None = None) -> dict:
-        xml = self.scratch / f"{name}.xml"
+        """Runs `files` in pytest, each test's outcome recorded as it ends. A process that dies
+        (XLA:TPU aborts on what it cannot compile) fails the test it was running, and pytest
+        starts again after it while the time lasts."""
+        progress = self.scratch / f"{name}.progress"
+        done = self.scratch / f"{name}.done"
+        collected_file = self.scratch / f"{name}.collected"
+        progress.unlink(missing_ok=True)
         env = dict(
             self.env,
             PYTHONPATH=os.pathsep.join(filter(None, [str(self.scratch / "ci" / "tpu"), self.env.get("PYTHONPATH")])),
-            TORCH_TPU_LANE_COLLECTED=str(self.scratch / f"{name}.collected"),
+            TORCH_TPU_LANE_COLLECTED=str(collected_file),
+            TORCH_TPU_LANE_PROGRESS=str(progress),
+            TORCH_TPU_LANE_DONE=str(done),
         )
-        if budget:
-            env["TORCH_TPU_LANE_TEST_SECONDS"] = str(budget)
         earlier = self.resumed.get(name)
-        if earlier:
-            done = self.scratch / f"{name}.done"
-            retry = {"failed"} if self.args.retry_failed else set()
-            done.write_text("\n".join(t for t, state in earlier.get("outcomes", {}).items() if state not in retry))
-            env["TORCH_TPU_LANE_DONE"] = str(done)
+        retry = {"failed"} if self.args.retry_failed else set()
+        earlier_done = [t for t, state in (earlier or {}).get("outcomes", {}).items() if state not in retry]
         cmd = [
             sys.executable,
             "-m",
@@ -183,32 +188,48 @@ class Lane:
             "-p",
             "lane_plugin",
             "--import-mode=importlib",
+            "--capture=sys",  # what C++ writes to fd 2 (XLA's fatal line before an abort) reaches the log
             *([f"--timeout={self.args.test_timeout:.0f}"] if importlib.util.find_spec("pytest_timeout") else []),
             "--rootdir",
             str(self.scratch),
-            f"--junitxml={xml}",
             *files,
         ]
-        code, output, seconds = self.run(name, cmd, timeout, env=env)
-        collected_file = self.scratch / f"{name}.collected"
+        start, crashes = time.perf_counter(), {}
+        while True:
+            results, _ = _progress_of(progress)
+            done.write_text("\n".join([*earlier_done, *results, *crashes]))
+            left = timeout - (time.perf_counter() - start)
+            if budget:
+                env["TORCH_TPU_LANE_TEST_SECONDS"] = str(budget - (time.perf_counter() - start))
+            code, output, _ = self.run(name, cmd, left, env=env)
+            results, running = _progress_of(progress)
+            died = code < 0 or code == 124
+            if not (died and running):
+                break
+            crashes[running] = _crash_reason(code, output)
+            print(f"[lane] {name}: {running} {crashes[running]}", flush=True)
+            if (budget or timeout) - (time.perf_counter() - start) < MIN_ROUND_SECONDS:
+                break
+        seconds = time.perf_counter() - start
         collected = collected_file.read_text().split("\n") if collected_file.exists() else None
         if earlier and collected:  # an earlier outcome of a test its file no longer has is dropped
             earlier = _without_gone_tests(earlier, set(collected))
+        results.update({test: ("failed", why, 0.0) for test, why in crashes.items()})
         part = {
             "exit": code,
             "seconds": round(seconds, 1),
             "stopped_early": "time budget" in output,
-            # pytest's 2 is an interrupted session (the time budget's stop), 5 is no test left to run
-            "exit_ok": code in (0, 1) or (code == 2 and "time budget" in output) or (code == 5 and bool(earlier)),
+            # pytest's 2 is an interrupted session (the time budget's stop), 5 is no test left to run;
+            # a round that died has its test failed and does not count against the part
+            "exit_ok": code in (0, 1)
+            or (code == 2 and "time budget" in output)
+            or (code == 5 and bool(earlier or crashes))
+            or (code < 0 and bool(crashes)),
             "collected": len(collected) if collected else None,
-            "outcomes": {},
-            "reasons": {},
+            "crashed": sorted(crashes),
+            "outcomes": {test: state for test, (state, _, _) in results.items()},
+            "reasons": {test: why for test, (state, why, _) in results.items() if state == "failed"},
         }
-        results = _junit(xml) if xml.exists() else {}
-        for test, (state, why, _) in results.items():
-            part["outcomes"][test] = state
-            if state == "failed":
-                part["reasons"][test] = why
         part["slowest"] = _slowest({test: seconds for test, (_, _, seconds) in results.items()})
         part = _tally(part, _expected_failures(EXPECTED_FAILURES))
         return {**combine_tests(earlier, part), "resumed": True} if earlier else part
@@ -333,6 +354,10 @@ def combine_tests(earlier: dict, later: dict) -> dict:
         "collected": later.get("collected") or earlier.get("collected"),
         "outcomes": outcomes,
         "reasons": {t: why for t, why in reasons.items() if outcomes.get(t) == "failed"},
+        "crashed": sorted(
+            {t for t in earlier.get("crashed", []) if t not in later.get("outcomes", {})}
+            | set(later.get("crashed", []))
+        ),
         "slowest": _slowest({**dict(earlier.get("slowest", [])), **dict(later.get("slowest", []))}),
     }
     return _tally(part, _expected_failures(EXPECTED_FAILURES))
@@ -343,22 +368,28 @@ def _slowest(durations: dict[str, float]) -> list[list]:
     return [[t, s] for t, s in sorted(durations.items(), key=lambda kv: -kv[1])[:SLOWEST]]
 
 
-def _junit(path: pathlib.Path) -> dict[str, tuple[str, str, float]]:
-    """test id -> (passed | failed | skipped, first line of the failure, seconds)."""
-    outcomes = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
-        state, why = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                state, why = (
-                    "failed",
-                    (child.get("message") or "").splitlines()[0][:200] if child.get("message") else "",
-                )
-            elif child.tag == "skipped":
-                state, why = "skipped", (child.get("message") or "")[:200]
-        outcomes[name] = (state, why, round(float(case.get("time") or 0), 1))
-    return outcomes
+def _progress_of(path: pathlib.Path) -> tuple[dict[str, tuple[str, str, float]], str | None]:
+    """From lane_plugin's progress file: test id -> (passed | failed | skipped, first line of why,
+    seconds) for each test that ended, and the test that started last without ending (None)."""
+    results: dict[str, tuple[str, str, float]] = {}
+    running = None
+    for line in path.read_text().splitlines() if path.exists() else []:
+        kind, test, *rest = line.split("\t") + [""] * 4
+        if kind == "start":
+            running = test
+        elif kind == "done":
+            results[test] = (rest[0], rest[2], float(rest[1] or 0))
+            running = None
+    return results, running
+
+
+def _crash_reason(code: int, output: str) -> str:
+    """Why a test process died: its signal and the last fatal line it printed (XLA's `F1207 ...]`
+    check failure, Python's fatal error)."""
+    how = "timed out" if code == 124 else f"killed by signal {-code}" + (" (abort)" if code == -6 else "")
+    xla = re.findall(r"F\d{4} [\d:.]+\s+\d+ (\S+\] .*)", output)  # glog: F1207 15:42:23.4 5938 file:line] ...
+    fatal = xla or re.findall(r"(Fatal Python error: .*)", output)
+    return f"the test process {how}: {fatal[-1][:300]}" if fatal else f"the test process {how}"
 
 
 def _listed(path: pathlib.Path) -> set[str]:
