@@ -1,8 +1,12 @@
-"""Lowerings with a TPU form (lax.platform_dependent), checked without a chip: lowered for TPU
-here, the module holds none of what XLA:TPU cannot compile; the TPU forms' arithmetic runs on
-the CPU client; and the ops on the tpu device match CPU (on a TPU in the lane)."""
+"""Lowerings with a TPU form (lax.platform_dependent, or jax's rules registered for TPU in
+platforms/tpu/), checked without a chip: lowered for TPU here, the module holds none of what
+XLA:TPU cannot compile; the TPU forms' arithmetic runs on the CPU client; and the ops on the tpu
+device match CPU (on a TPU in the lane)."""
 
 from __future__ import annotations
+
+import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +15,9 @@ import pytest
 import torch
 
 import torch_tpu  # noqa: F401
+from tests.helpers import platform_rounding_tol
 from torch_tpu.ops.lowerings import linalg
+from torch_tpu.platforms.tpu import complex128
 
 
 def _lowered(fn, *avals, platform: str) -> str:
@@ -112,3 +118,101 @@ def test_embedding_forward_and_backward_on_the_device(no_fallbacks):
     got.square().sum().backward()
     assert torch.equal(got.detach().cpu(), expected.detach())
     torch.testing.assert_close(tpu_table.grad.cpu(), table.grad)
+
+
+# What XLA:TPU aborts the process compiling: a convert to or from complex128, a complex128 abs.
+_COMPLEX128_CONVERT_OR_ABS = re.compile(r"stablehlo\.(convert|abs)\b.*complex<f64>")
+_CONVERSIONS = [
+    (jnp.complex64, jnp.complex128),
+    (jnp.complex128, jnp.complex64),
+    *((source, jnp.complex128) for source in (jnp.float32, jnp.float64, jnp.int32, jnp.int64, jnp.bool_)),
+    *((jnp.complex128, target) for target in (jnp.float32, jnp.float64, jnp.int64, jnp.bool_)),
+]
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")  # jax's ComplexWarning
+@pytest.mark.parametrize("source, target", _CONVERSIONS)
+def test_complex128_conversions_lower_for_tpu_from_float64_parts(source, target):
+    operand = jax.ShapeDtypeStruct((2, 3), source)
+    convert = lambda x: jax.lax.convert_element_type(x, target)
+    tpu = _lowered(convert, operand, platform="tpu")
+    assert not _COMPLEX128_CONVERT_OR_ABS.search(tpu), tpu
+    if jnp.issubdtype(target, jnp.complexfloating):  # jax's own convert, on the CPU client
+        assert _COMPLEX128_CONVERT_OR_ABS.search(_lowered(convert, operand, platform="cpu"))
+
+
+def test_complex128_abs_lowers_for_tpu_from_float64_parts():
+    operand = jax.ShapeDtypeStruct((2, 3), jnp.complex128)
+    assert not _COMPLEX128_CONVERT_OR_ABS.search(_lowered(jnp.abs, operand, platform="tpu"))
+    assert _COMPLEX128_CONVERT_OR_ABS.search(_lowered(jnp.abs, operand, platform="cpu"))
+
+
+def test_other_dtypes_keep_jaxs_rules_on_tpu():
+    complex64 = jax.ShapeDtypeStruct((2, 3), jnp.complex64)
+    assert "stablehlo.abs %arg0 : (tensor<2x3xcomplex<f32>>)" in _lowered(jnp.abs, complex64, platform="tpu")
+    widen = _lowered(lambda x: x.astype(jnp.complex64), jax.ShapeDtypeStruct((2, 3), jnp.float32), platform="tpu")
+    assert "stablehlo.convert %arg0 : (tensor<2x3xf32>) -> tensor<2x3xcomplex<f32>>" in widen
+
+
+_INF, _NAN = np.inf, np.nan
+_PARTS = [0.0, -0.0, 1.5, -2.25, 3.0e38, -1.0e-300, 1.0e300, _INF, -_INF, _NAN]
+_VALUES = {
+    jnp.complex64: np.array([complex(a, b) for a, b in itertools.product(_PARTS[:5] + _PARTS[7:], repeat=2)]),
+    jnp.complex128: np.array([complex(a, b) for a, b in itertools.product(_PARTS, repeat=2)]),
+    jnp.float32: np.array(_PARTS[:5] + _PARTS[7:], np.float32),
+    jnp.float64: np.array(_PARTS),
+    jnp.int32: np.array([0, -1, 7, 2**31 - 1, -(2**31)], np.int32),
+    jnp.int64: np.array([0, -1, 7, 2**62 + 1, -(2**63)], np.int64),
+    jnp.bool_: np.array([True, False]),
+}
+
+
+def _on_cpu(fn, value):
+    """`fn(value)` compiled for and run on the CPU client (in the TPU lane too)."""
+    return np.asarray(jax.jit(fn)(jax.device_put(value, jax.devices("cpu")[0])))
+
+
+def _assert_same_numbers(got, want):
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    if got.dtype.kind in "fc":  # -0.0 kept
+        assert np.array_equal(np.signbit(got.real), np.signbit(want.real))
+        assert np.array_equal(np.signbit(got.imag), np.signbit(want.imag))
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")  # jax's ComplexWarning
+@pytest.mark.parametrize("source, target", _CONVERSIONS)
+def test_complex128_conversions_from_parts_are_jaxs(source, target):
+    value = _VALUES[source].astype(source)
+    with np.errstate(all="ignore"):
+        got = _on_cpu(lambda x: complex128.converted(x, target), value)
+        want = _on_cpu(lambda x: jax.lax.convert_element_type(x, target), value)
+    _assert_same_numbers(got, want)
+
+
+def test_complex128_abs_from_parts_is_hypot():
+    value = _VALUES[jnp.complex128]
+    got = _on_cpu(complex128.magnitude, value)
+    finite = np.isfinite(value)
+    _assert_same_numbers(got[finite], _on_cpu(jnp.abs, value)[finite])  # as XLA's complex abs
+    # CPU's torch.abs (C's hypot): inf where a part is inf, with a NaN in the other too
+    _assert_same_numbers(got[~finite], torch.abs(torch.from_numpy(value[~finite])).numpy())
+    assert got[value == complex(-1e-300, 1e300)][0] == 1e300  # no overflow, no underflow
+    np.testing.assert_allclose(got[value == complex(1e300, -1e300)], np.hypot(1e300, 1e300), rtol=1e-15)
+
+
+def test_complex128_conversions_and_abs_on_the_device(no_fallbacks):
+    exact = {"rtol": 0, "atol": 0, "equal_nan": True}
+    c = torch.tensor([1.5 - 2j, complex(_INF, _NAN), -0.0 + 3e30j])
+    torch.testing.assert_close(c.to("tpu").conj().to(torch.complex128).cpu(), c.conj().to(torch.complex128), **exact)
+    wide = c.to(torch.complex128) / 3
+    torch.testing.assert_close(
+        wide.to("tpu").to(torch.complex64).cpu(),
+        wide.to(torch.complex64),
+        equal_nan=True,
+        **platform_rounding_tol(torch.complex64),
+    )
+    m = torch.tensor([3 + 4j, -1e300 + 1e300j, complex(_INF, 1), -0.0j, 1.5 - 2j], dtype=torch.complex128)
+    torch.testing.assert_close(torch.abs(m.to("tpu")).cpu(), torch.abs(m), **platform_rounding_tol(torch.float64))
+    ints = torch.arange(-2, 3)
+    assert torch.equal(ints.to("tpu").to(torch.complex128).cpu(), ints.to(torch.complex128))

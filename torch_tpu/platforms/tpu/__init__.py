@@ -1,1 +1,2 @@
-"""TPU's own facts: Mosaic's block rules (mosaic.py) and libtpu's runtime metrics (monitoring.py)."""
+"""TPU's own facts: Mosaic's block rules (mosaic.py), libtpu's runtime metrics (monitoring.py) and
+jax's TPU lowering rules for what XLA:TPU cannot compile in complex128 (complex128.py)."""
