@@ -201,6 +201,42 @@ def test_complex128_abs_from_parts_is_hypot():
     np.testing.assert_allclose(got[value == complex(1e300, -1e300)], np.hypot(1e300, 1e300), rtol=1e-15)
 
 
+_COMPLEX128_DOT = re.compile(r"stablehlo\.dot_general\b.*complex<f64>")
+_PRODUCTS = {  # name: (lhs shape, rhs shape, dimension numbers)
+    "matmul": ((3, 4), (4, 5), (([1], [0]), ([], []))),
+    "rhs_transposed": ((3, 4), (5, 4), (([1], [1]), ([], []))),
+    "lhs_transposed": ((4, 3), (4, 5), (([0], [0]), ([], []))),
+    "batched": ((2, 3, 4), (2, 5, 4), (([2], [2]), ([0], [0]))),
+    "vector": ((4,), (4,), (([0], [0]), ([], []))),
+}
+
+
+@pytest.mark.parametrize("name", list(_PRODUCTS))
+def test_complex128_products_lower_for_tpu_as_float64_dots(name):
+    """XLA:TPU drops a transpose folded into a complex128 dot (`a @ b.mH` came out `a @ b.conj()`
+    on a v5e): its TPU module holds float64 dots of the parts."""
+    lhs, rhs, dims = _PRODUCTS[name]
+    avals = (jax.ShapeDtypeStruct(lhs, jnp.complex128), jax.ShapeDtypeStruct(rhs, jnp.complex128))
+    dot = lambda a, b: jax.lax.dot_general(a, b, dims, precision=jax.lax.Precision.HIGHEST)
+    assert not _COMPLEX128_DOT.search(_lowered(dot, *avals, platform="tpu"))
+    assert _COMPLEX128_DOT.search(_lowered(dot, *avals, platform="cpu"))
+    mH = lambda a: jnp.conj(jnp.swapaxes(a, -1, -2)) if a.ndim > 1 else jnp.conj(a)
+    assert not _COMPLEX128_DOT.search(_lowered(lambda a: a @ mH(a), avals[0], platform="tpu"))
+
+
+@pytest.mark.parametrize("name", list(_PRODUCTS))
+def test_complex128_products_from_parts_are_jaxs(name):
+    """Integer-valued parts: every sum exact, so the two must agree bit for bit."""
+    lhs, rhs, dims = _PRODUCTS[name]
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(-9, 10, (2, *shape)).astype(np.float64) for shape in (lhs, rhs))
+    a, b = a[0] + 1j * a[1], b[0] + 1j * b[1]
+    for x, y in ((a, b), (a, b.real), (a.real, b)):
+        got = _on_cpu(lambda p: complex128.product(p[0], p[1], dimension_numbers=dims), (x, y))
+        want = _on_cpu(lambda p: jax.lax.dot_general(p[0], p[1], dims, preferred_element_type=jnp.complex128), (x, y))
+        _assert_same_numbers(got, want)
+
+
 def test_complex128_conversions_and_abs_on_the_device(no_fallbacks):
     exact = {"rtol": 0, "atol": 0, "equal_nan": True}
     c = torch.tensor([1.5 - 2j, complex(_INF, _NAN), -0.0 + 3e30j])
@@ -212,7 +248,10 @@ def test_complex128_conversions_and_abs_on_the_device(no_fallbacks):
         equal_nan=True,
         **platform_rounding_tol(torch.complex64),
     )
-    m = torch.tensor([3 + 4j, -1e300 + 1e300j, complex(_INF, 1), -0.0j, 1.5 - 2j], dtype=torch.complex128)
+    # parts 2**100 times 3 and 4: squares past float32's range, which is XLA:TPU's float64 range too
+    m = torch.tensor(
+        [3 + 4j, complex(-3 * 2.0**100, 4 * 2.0**100), complex(_INF, 1), -0.0j, 1.5 - 2j], dtype=torch.complex128
+    )
     torch.testing.assert_close(torch.abs(m.to("tpu")).cpu(), torch.abs(m), **platform_rounding_tol(torch.float64))
     ints = torch.arange(-2, 3)
     assert torch.equal(ints.to("tpu").to(torch.complex128).cpu(), ints.to(torch.complex128))

@@ -50,7 +50,7 @@ def register() -> None:
     persistent_cache.install()
     from torch_tpu.platforms.tpu import complex128
 
-    complex128.install()  # complex128 converts and abs from float64 parts: XLA:TPU aborts on them
+    complex128.install()  # complex128 converts, abs and dots from float64 parts on TPU
     torch.utils.rename_privateuse1_backend("tpu")
     _C._register_device()
     _C._set_devices(_device_list())

@@ -9,8 +9,8 @@ platform has lives in its subpackage:
   background compiles it waits on (background_compile.py), the compile worker process
   (compile_worker.py), the fast op-compile flags (compile_options.py).
 - tpu/: Mosaic's block rules for Pallas kernels (mosaic.py), libtpu's runtime metrics
-  (monitoring.py), jax's TPU lowering rules that build complex128 converts and abs from float64
-  parts (complex128.py: XLA:TPU aborts compiling them).
+  (monitoring.py), jax's TPU lowering rules that build complex128 converts, abs and dots from
+  float64 parts (complex128.py: XLA:TPU aborts compiling the first two, miscomputes the third).
 
 Named `platforms`, not `platform`: `torch_tpu.platform()` is the public function naming the
 client. See docs/architecture.md, "The platform boundary".
