@@ -226,10 +226,22 @@ def test_sync_waits():
     torch.testing.assert_close(t.cpu(), torch.ones(256, 256))
 
 
-def test_float64_keeps_its_range_and_precision_through_arithmetic(no_fallbacks):
-    """float64 beyond float32's exponent range and past its 24 bits, through an op (on TPU, XLA
-    emulates float64; this pins what it keeps)."""
-    x = torch.tensor([1e300, -1e-300, 1.0 + 2.0**-52, 3.0e38 * 16, math.pi], dtype=torch.float64)
+def test_float64_keeps_its_precision_through_arithmetic(no_fallbacks):
+    """float64 past float32's 24 bits, through an op (XLA:TPU emulates float64 with float32 pairs,
+    which keep 48 bits or more: exact here, as on a v5e)."""
+    x = torch.tensor([1.0 + 2.0**-52, math.pi, 1 / 3, -(2.0**-30) - 2.0**-70, 12345.678901234567], dtype=torch.float64)
+    got = (x.to("tpu") * 3.0 - x.to("tpu")).cpu()
+    torch.testing.assert_close(got, x * 3.0 - x, rtol=1e-14, atol=0)
+
+
+@pytest.mark.xfail(
+    torch_tpu.platform() == "tpu",
+    reason="XLA:TPU emulates float64 with float32 pairs, which keep float32's exponent range: 1e300 "
+    "becomes inf and 1e-300 zero (measured on a v5e); docs/architecture.md, TPU arithmetic",
+    strict=True,
+)
+def test_float64_keeps_its_range_through_arithmetic(no_fallbacks):
+    x = torch.tensor([1e300, -1e-300, 3.0e38 * 16, 2.0**-140], dtype=torch.float64)
     got = (x.to("tpu") * 3.0 - x.to("tpu")).cpu()
     torch.testing.assert_close(got, x * 3.0 - x, rtol=1e-14, atol=0)
 
