@@ -70,6 +70,24 @@ def test_same_sequence_hits_the_cache():
     assert results == pytest.approx(want, rel=tol["rtol"], abs=tol.get("atol"))
 
 
+def test_never_written_storage_reads_as_zeros_made_in_the_trace():
+    """An op recorded on a never-written storage (an optimizer state's `zeros_like`: empty, then
+    zero_) reads zeros made inside the trace: no zeros executable, no run, while recording."""
+    x = torch.empty(1237, device="tpu")  # a size no other test makes zeros of
+    view = torch.empty(3, 5, device="tpu")[1:]
+    before = _counts()
+    with torch_tpu.eager_mode(False):
+        x.add_(2)
+        y = torch.zeros_like(x, memory_format=torch.preserve_format).add(1)
+        view.mul_(3)
+        recording = _counts()
+        assert recording["xla_compiles"] == before["xla_compiles"], recording
+        assert recording["executions"] == before["executions"], recording
+    torch.testing.assert_close(x.cpu(), torch.full((1237,), 2.0))
+    torch.testing.assert_close(y.cpu(), torch.ones(1237))
+    torch.testing.assert_close(view.cpu(), torch.zeros(2, 5))
+
+
 def test_views_and_inplace_keep_their_semantics():
     base_cpu = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     base = base_cpu.to("tpu")

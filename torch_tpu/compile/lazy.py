@@ -234,6 +234,10 @@ def _update(fn, static, geoms, bufs, *args):
     ]
 
 
+def _zeros(n, dtype):
+    return jnp.zeros(n, dtype)
+
+
 def _flat(dtype, value):
     """A fresh value as its buffer: flat, or as it is where buffers are shaped."""
     value = value.astype(dtype)
@@ -243,7 +247,7 @@ def _flat(dtype, value):
 def _raw_buffer(t: torch.Tensor):
     info = _C._arg_info(t)  # does not run pending work while recording
     buf = info[1] if info is not None else None
-    return tensors.buffer_of(t) if buf is None else buf
+    return tensors.buffer_of(t, recorded=True) if buf is None else buf
 
 
 class _Recorder:
@@ -297,6 +301,11 @@ class _Recorder:
             for t, value in zip(ts, values):
                 if value is not None:
                     _C._set_buffer(t, value, t.dtype, value.size)
+
+    @staticmethod
+    def zeros(n: int, dtype: np.dtype, device: int) -> LazyArray:
+        """A never-written storage's buffer, `n` zeros, pending: made inside the trace."""
+        return _Recorder.call(_zeros, (n, np.dtype(dtype)), device=device)
 
     @staticmethod
     def wrap(value, device: int, dtype: torch.dtype) -> torch.Tensor:
