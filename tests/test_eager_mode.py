@@ -288,3 +288,37 @@ def test_a_lazy_forward_and_backward_with_index_checks_is_one_executable():
     with torch_tpu.eager_mode(False):  # and a bad index still raises CPU's error at the read
         with pytest.raises(IndexError, match="index out of range in self"):
             model.tok(torch.tensor([40]).to("tpu")).cpu()
+
+
+def test_a_trace_run_in_the_background_gives_its_values_and_its_error_at_the_read(monkeypatch):
+    """`set_enabled(False, in_background=True)` (a compiled step's optimizer state creation) runs
+    the trace on a worker thread: eager mode at once, the values at their first read, and the
+    run's error raised there."""
+    import threading
+
+    from torch_tpu.compile import lazy
+
+    x_cpu = torch.randn(8)
+    x = x_cpu.to("tpu")
+    threads = []
+    run = lazy._run
+    monkeypatch.setattr(lazy, "_run", lambda *a: (threads.append(threading.current_thread()), run(*a))[1])
+    lazy.set_enabled(True)
+    y = (x * 2).exp()
+    lazy.set_enabled(False, in_background=True)
+    assert torch_tpu.is_eager_mode()
+    torch.testing.assert_close(y.cpu(), (x_cpu * 2).exp(), **platform_tol({}))
+    assert threads and threads[0] is not threading.current_thread()
+
+    def fail(*args):
+        raise RuntimeError("the compile failed")
+
+    monkeypatch.setattr(lazy, "_compile", fail)
+    lazy.set_enabled(True)
+    z = x.sin().mul(3)  # a trace not compiled before
+    lazy.set_enabled(False, in_background=True)
+    with pytest.raises(RuntimeError, match="the compile failed"):
+        z.cpu()
+    with pytest.raises(RuntimeError, match="failed to run"):
+        z.cpu()
+    torch.testing.assert_close((x + 1).cpu(), x_cpu + 1)  # eager ops go on
