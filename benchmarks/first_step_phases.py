@@ -136,7 +136,8 @@ def _instrument(events: list, t0: list) -> None:
         (compile_options, "compile_lowered", "  XLA compile"),
         (lazy, "_run", "lazy trace compile + run"),
     ):
-        _timed(obj, name, label, events, t0)
+        if hasattr(obj, name):  # (another torch, or an older torch_tpu without it)
+            _timed(obj, name, label, events, t0)
 
 
 def main(argv: list[str] | None = None) -> int:
