@@ -103,3 +103,17 @@ def test_a_compiled_step_creates_the_optimizer_state_in_one_program(fresh_dynamo
     assert len(optimizer.state) == 4
     assert all(s["exp_avg"].device.type == "tpu" and s["step"].item() == 1 for s in optimizer.state.values())
     assert torch_tpu.is_eager_mode()  # recording ended with the state creation
+
+
+def test_dynamo_leaves_torch_tpus_machinery_untraced():
+    """An eager op inside a compiled function (autograd's ones_like at `loss.backward()`) reaches
+    torch_tpu's machinery, the CPU client's host tier included: dynamo skips those frames (it
+    compiled host-tier functions into graphs of their own before)."""
+    from torch._dynamo import trace_rules
+
+    from torch_tpu.compile import lazy
+    from torch_tpu.ops import dispatcher
+    from torch_tpu.platforms.cpu import background_compile, host_tier
+
+    for module in (dispatcher, lazy, host_tier, background_compile):
+        assert trace_rules.check_file(module.__file__).skipped, module.__name__

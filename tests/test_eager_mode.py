@@ -70,6 +70,24 @@ def test_same_sequence_hits_the_cache():
     assert results == pytest.approx(want, rel=tol["rtol"], abs=tol.get("atol"))
 
 
+def test_never_written_storage_reads_as_zeros_made_in_the_trace():
+    """An op recorded on a never-written storage (an optimizer state's `zeros_like`: empty, then
+    zero_) reads zeros made inside the trace: no zeros executable, no run, while recording."""
+    x = torch.empty(1237, device="tpu")  # a size no other test makes zeros of
+    view = torch.empty(3, 5, device="tpu")[1:]
+    before = _counts()
+    with torch_tpu.eager_mode(False):
+        x.add_(2)
+        y = torch.zeros_like(x, memory_format=torch.preserve_format).add(1)
+        view.mul_(3)
+        recording = _counts()
+        assert recording["xla_compiles"] == before["xla_compiles"], recording
+        assert recording["executions"] == before["executions"], recording
+    torch.testing.assert_close(x.cpu(), torch.full((1237,), 2.0))
+    torch.testing.assert_close(y.cpu(), torch.ones(1237))
+    torch.testing.assert_close(view.cpu(), torch.zeros(2, 5))
+
+
 def test_views_and_inplace_keep_their_semantics():
     base_cpu = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     base = base_cpu.to("tpu")
@@ -270,3 +288,37 @@ def test_a_lazy_forward_and_backward_with_index_checks_is_one_executable():
     with torch_tpu.eager_mode(False):  # and a bad index still raises CPU's error at the read
         with pytest.raises(IndexError, match="index out of range in self"):
             model.tok(torch.tensor([40]).to("tpu")).cpu()
+
+
+def test_a_trace_run_in_the_background_gives_its_values_and_its_error_at_the_read(monkeypatch):
+    """`set_enabled(False, in_background=True)` (a compiled step's optimizer state creation) runs
+    the trace on a worker thread: eager mode at once, the values at their first read, and the
+    run's error raised there."""
+    import threading
+
+    from torch_tpu.compile import lazy
+
+    x_cpu = torch.randn(8)
+    x = x_cpu.to("tpu")
+    threads = []
+    run = lazy._run
+    monkeypatch.setattr(lazy, "_run", lambda *a: (threads.append(threading.current_thread()), run(*a))[1])
+    lazy.set_enabled(True)
+    y = (x * 2).exp()
+    lazy.set_enabled(False, in_background=True)
+    assert torch_tpu.is_eager_mode()
+    torch.testing.assert_close(y.cpu(), (x_cpu * 2).exp(), **platform_tol({}))
+    assert threads and threads[0] is not threading.current_thread()
+
+    def fail(*args):
+        raise RuntimeError("the compile failed")
+
+    monkeypatch.setattr(lazy, "_compile", fail)
+    lazy.set_enabled(True)
+    z = x.sin().mul(3)  # a trace not compiled before
+    lazy.set_enabled(False, in_background=True)
+    with pytest.raises(RuntimeError, match="the compile failed"):
+        z.cpu()
+    with pytest.raises(RuntimeError, match="failed to run"):
+        z.cpu()
+    torch.testing.assert_close((x + 1).cpu(), x_cpu + 1)  # eager ops go on

@@ -31,6 +31,7 @@ executable is compiled once. An optimizer step's state creation runs apart from 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import math
 import sys
@@ -114,6 +115,8 @@ _executables: dict[tuple, tuple[object, int]] = {}  # key -> (executable, XLA te
 _enabled = False
 _installed = False
 _segment_ops = MAX_OPS  # ops a trace records before it runs and recording goes on in a new one
+_background: concurrent.futures.Future | None = None  # a trace running on _worker (run_in_background)
+_worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch_tpu_lazy")
 
 
 # ---- mode ------------------------------------------------------------------------
@@ -126,15 +129,16 @@ def _install() -> None:
         _installed = True
 
 
-def set_enabled(on: bool, segment_ops: int = 0) -> None:
-    """Lazy recording on or off; turning it off runs what was recorded. While on, a trace runs
-    after every `segment_ops` ops (0: only at MAX_OPS) and recording goes on in a new one."""
+def set_enabled(on: bool, segment_ops: int = 0, in_background: bool = False) -> None:
+    """Lazy recording on or off; turning it off runs what was recorded (`in_background`: on a
+    worker thread, see run_in_background). While on, a trace runs after every `segment_ops` ops
+    (0: only at MAX_OPS) and recording goes on in a new one."""
     global _enabled, _segment_ops
     _install()
     with _lock:
         try:
             if _enabled and not on:
-                flush()
+                run_in_background() if in_background else flush()
         finally:  # the mode changes even when the trace fails to run (out of memory)
             _enabled = on
             _segment_ops = segment_ops if on and 0 < segment_ops < MAX_OPS else MAX_OPS
@@ -234,6 +238,10 @@ def _update(fn, static, geoms, bufs, *args):
     ]
 
 
+def _zeros(n, dtype):
+    return jnp.zeros(n, dtype)
+
+
 def _flat(dtype, value):
     """A fresh value as its buffer: flat, or as it is where buffers are shaped."""
     value = value.astype(dtype)
@@ -243,7 +251,7 @@ def _flat(dtype, value):
 def _raw_buffer(t: torch.Tensor):
     info = _C._arg_info(t)  # does not run pending work while recording
     buf = info[1] if info is not None else None
-    return tensors.buffer_of(t) if buf is None else buf
+    return tensors.buffer_of(t, recorded=True) if buf is None else buf
 
 
 class _Recorder:
@@ -299,6 +307,11 @@ class _Recorder:
                     _C._set_buffer(t, value, t.dtype, value.size)
 
     @staticmethod
+    def zeros(n: int, dtype: np.dtype, device: int) -> LazyArray:
+        """A never-written storage's buffer, `n` zeros, pending: made inside the trace."""
+        return _Recorder.call(_zeros, (n, np.dtype(dtype)), device=device)
+
+    @staticmethod
     def wrap(value, device: int, dtype: torch.dtype) -> torch.Tensor:
         """A new tpu tensor holding `value`, pending."""
         flat = _Recorder.call(_flat, (np.dtype(TORCH_TO_NUMPY[dtype]),), value, device=device)
@@ -322,6 +335,8 @@ class _Recorder:
 
 def _append(op, inputs: list, rng_data, device: int) -> list[LazyArray]:
     global _trace
+    if _background is not None:  # its values may be inputs here
+        _join_background()
     with _lock:
         trace = _trace
         if trace is not None and (trace.device != device or len(trace.records) >= _segment_ops):
@@ -359,7 +374,9 @@ def _append(op, inputs: list, rng_data, device: int) -> list[LazyArray]:
 def _resolve(x: LazyArray, force: bool):
     """The C++ buffer handle's hook: the concrete buffer, running the trace if `force`."""
     if x.value is None and force:
-        flush()
+        _join_background()
+        if x.value is None:
+            flush()
         if x.value is None:
             raise RuntimeError(f"torch_tpu lazy mode: {x} belongs to a trace that failed to run")
     return x if x.value is None else x.value
@@ -387,51 +404,84 @@ def _leaf_key(x):
 def flush() -> None:
     """Runs the recorded ops as one executable and resolves every live pending buffer."""
     global _trace
+    _join_background()
     with _lock:
         trace = _trace
         if trace is None:
             return
         _trace = None
         outputs = [v for v, ref in enumerate(trace.values) if ref() is not None]
-        if not outputs:
+        if outputs:
+            _run(trace, outputs, _donatable(trace, outputs))
+
+
+def run_in_background() -> None:
+    """Ends the trace and runs it on a worker thread, as `flush` would: its compile overlaps what
+    the host does next (dynamo tracing an optimizer step after creating its state). A read of one
+    of its values, a new recording, `flush` and `sync` wait for it first, and raise its error."""
+    global _trace, _background
+    _join_background()
+    with _lock:
+        trace = _trace
+        if trace is None:
             return
-        donated = _donatable(trace, outputs)
-        key = (
-            trace.device,
-            tuple((entry, wiring, rng is not None) for entry, wiring, rng, _ in trace.records),
-            tuple(outputs),
-            tuple(_leaf_key(x) for x in trace.leaves),
-            len(trace.rngs),
-            donated,
-        )
-        what = f"the lazy graph of {len(trace.records)} ops"
-        compiled, temp_bytes = _executables.pop(key, (None, 0))
-        if compiled is None:
-            persist = _persist_key(trace, key)
-            found = executable_cache.load(persist)
-            if found is not None:
-                compiled = found[0]
-            else:
-                with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
-                    compiled = _compile(trace, outputs, donated)
-                executable_cache.save(persist, compiled)
-            temp_bytes = memory.temp_bytes_of(compiled)
+        _trace = None
+        outputs = [v for v, ref in enumerate(trace.values) if ref() is not None]
+        if outputs:  # (chosen here: the host may drop references while the worker runs)
+            _background = _worker.submit(_run, trace, outputs, _donatable(trace, outputs))
+
+
+def _join_background() -> None:
+    """Waits for the trace run_in_background started; raises its error (to the first caller)."""
+    global _background
+    job = _background
+    if job is None:
+        return
+    try:
+        job.result()
+    finally:
+        if _background is job:
+            _background = None
+
+
+def _run(trace: _Trace, outputs: list[int], donated: tuple[int, ...]) -> None:
+    """Compiles (or finds) and runs the executable of `trace`, giving its `outputs` their values."""
+    key = (
+        trace.device,
+        tuple((entry, wiring, rng is not None) for entry, wiring, rng, _ in trace.records),
+        tuple(outputs),
+        tuple(_leaf_key(x) for x in trace.leaves),
+        len(trace.rngs),
+        donated,
+    )
+    what = f"the lazy graph of {len(trace.records)} ops"
+    compiled, temp_bytes = _executables.pop(key, (None, 0))
+    if compiled is None:
+        persist = _persist_key(trace, key)
+        found = executable_cache.load(persist)
+        if found is not None:
+            compiled = found[0]
         else:
-            metrics.bump("graph_cache_hits")
-        _executables[key] = (compiled, temp_bytes)
-        if len(_executables) > MAX_EXECUTABLES:
-            del _executables[next(iter(_executables))]
-        given, kept = _split(_device_numbers(trace), donated)
-        with memory.out_of_memory_as_torch(trace.device, "running " + what):
-            flat = compiled(given, kept, trace.rngs)
-        memory.note_temp_bytes(trace.device, temp_bytes)
-        metrics.bump("executions")
-        metrics.bump("donated_buffers", len(donated))
-        metrics.bump("lazy_runs")
-        for v, value in zip(outputs, flat):
-            lazy = trace.values[v]()
-            if lazy is not None:
-                lazy.value = value
+            with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
+                compiled = _compile(trace, outputs, donated)
+            executable_cache.save(persist, compiled)
+        temp_bytes = memory.temp_bytes_of(compiled)
+    else:
+        metrics.bump("graph_cache_hits")
+    _executables[key] = (compiled, temp_bytes)
+    if len(_executables) > MAX_EXECUTABLES:
+        del _executables[next(iter(_executables))]
+    given, kept = _split(_device_numbers(trace), donated)
+    with memory.out_of_memory_as_torch(trace.device, "running " + what):
+        flat = compiled(given, kept, trace.rngs)
+    memory.note_temp_bytes(trace.device, temp_bytes)
+    metrics.bump("executions")
+    metrics.bump("donated_buffers", len(donated))
+    metrics.bump("lazy_runs")
+    for v, value in zip(outputs, flat):
+        lazy = trace.values[v]()
+        if lazy is not None:
+            lazy.value = value
 
 
 def _persist_key(trace: _Trace, key: tuple) -> str | None:
@@ -517,5 +567,5 @@ def _compile(trace: _Trace, outputs: list[int], donated: tuple[int, ...]):
 
 def sync() -> None:
     """Runs pending lazy work (a no-op in eager mode)."""
-    if _trace is not None:
+    if _trace is not None or _background is not None:
         flush()

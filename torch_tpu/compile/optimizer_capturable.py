@@ -10,7 +10,8 @@ cuda or xpu and whose state is not created yet; this makes it do the same for tp
 Dynamo runs an optimizer's `_init_group` eagerly while it traces the step, which creates the
 state at the first step: a zero fill per parameter shape, each an eager op compiled on its own
 (34 compiles, ~1 s each on TPU, in a ResNet-50's first step). For tpu optimizers that call is
-recorded lazily (compile/lazy.py) and runs as one program.
+recorded lazily (compile/lazy.py) and runs as one program, on a worker thread: its compile
+overlaps dynamo's tracing of the step and aot_autograd's, until the step's graph reads the state.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def _recorded_as_one_program(init):
         lazy.set_enabled(True)
         try:
             return init(*args, **kwargs)
-        finally:
-            lazy.set_enabled(False)  # runs the recorded state creation
+        finally:  # the recorded state creation compiles and runs while dynamo traces the step
+            lazy.set_enabled(False, in_background=True)
 
     return init_group
 

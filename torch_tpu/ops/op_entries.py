@@ -109,7 +109,7 @@ class Call:
                         f"devices, tpu:{self.device} and tpu:{index}!"
                     )
                 if buf is None:
-                    buf = buffer_of(x)
+                    buf = buffer_of(x, recorded=True)  # (zeros made in the trace while recording)
                 self.inputs.append(buf)
                 # (sizes, dtype) for a tensor that is its whole buffer, else the full geometry
                 # (with the conj and neg bits when set: _arg_info leaves such tensors to this path).

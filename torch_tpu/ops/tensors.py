@@ -24,15 +24,21 @@ from torch_tpu.runtime import client, executable_cache
 lazy = None
 
 
-def buffer_of(t: torch.Tensor) -> jax.Array:
-    """The flat buffer behind a tpu tensor; unwritten storage becomes zeros."""
+def buffer_of(t: torch.Tensor, recorded: bool = False) -> jax.Array:
+    """The flat buffer behind a tpu tensor; unwritten storage becomes zeros. `recorded`: an op
+    being recorded lazily reads it, so while ops are recorded the zeros are a pending value made
+    inside the trace (an optimizer's state creation: no zeros executable per parameter size)."""
     buf = _C._get_buffer(t)
     if buf is None:
         with storage_locks.held((t,)):  # another thread may be writing it first
             buf = _C._get_buffer(t)
             if buf is None:
                 n = _C._buffer_nbytes(t) // t.element_size()  # a storage slice's parent's whole buffer
-                buf = _zeros(n, to_numpy_dtype(t.dtype), t.device.index)
+                dtype = to_numpy_dtype(t.dtype)
+                if recorded and lazy is not None:
+                    buf = lazy.zeros(n, dtype, t.device.index)
+                else:
+                    buf = _zeros(n, dtype, t.device.index)
                 _C._set_buffer(t, buf, t.dtype, n)
     return buf
 
