@@ -1,7 +1,8 @@
 """What a compiled forward keeps in HBM for its backward: no value the backward reads only the
 shape of (the float32 log-probs an autocast cross_entropy hands nll_loss are vocabulary x tokens
-x 4 bytes, 0.8 GB for a GPT-2 batch of 4 x 1024), and no max pool indices (int64: a pair of u32
-words on TPU), which the backward finds again from the pool's input."""
+x 4 bytes, 0.8 GB for a GPT-2 batch of 4 x 1024), no max pool indices (int64: a pair of u32
+words on TPU), which the backward finds again from the pool's input, and across conv -> batch
+norm -> ReLU only the convolution's output, from which the backward recomputes the rest."""
 
 from __future__ import annotations
 
