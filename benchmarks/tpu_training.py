@@ -4,7 +4,7 @@ limit), all in one process.
 
     python benchmarks/tpu_training.py [--models gpt,resnet50] [--batches 4,8] [--image-batch 128]
         [--modes jax,compiled-model,compiled-step,eager,lazy] [--steps 5] [--warmup 2] [--tiny]
-        [--check-cpu] [--json OUT] [--markdown OUT]
+        [--check-cpu] [--partitioner NAME=VALUE,...] [--json OUT] [--markdown OUT]
     python benchmarks/tpu_training.py --merge A.json B.json [--json OUT] [--markdown OUT]
 
 Modes: `jax` (jax.jit train step, jax.value_and_grad, AdamW in jnp, state donated; attention
@@ -42,6 +42,7 @@ On a TPU with ~10 minutes per command, run one group per command and merge:
 from __future__ import annotations
 
 import argparse
+import ast
 import atexit
 import copy
 import datetime
@@ -367,7 +368,7 @@ class Group:
             if mode in JAX_MODES:
                 runner = JaxRunner(w, flash=mode == "jax-flash")
             else:
-                runner = TorchRunner(mode, w, self.args.compile_mode)
+                runner = TorchRunner(mode, w, self.args.compile_mode, self.args.compile_options)
             self.runners[mode] = runner
             row["setup_s"] = time.perf_counter() - start
             for i in range(self.args.warmup):
@@ -685,6 +686,17 @@ def _write(args, runs: list[dict], rows: list[dict]) -> str:
     return console
 
 
+def _settings(text: str) -> dict[str, Any]:
+    """{"a": True, "b": 0.9} from "a=True,b=0.9" (values as Python literals, else strings)."""
+    settings: dict[str, Any] = {}
+    for name, _, value in (item.partition("=") for item in text.split(",") if item):
+        try:
+            settings[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            settings[name] = value
+    return settings
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help="gpt,resnet50")
@@ -706,6 +718,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="torch._functorch.config.activation_memory_budget for the compiled modes (1.0: keep what "
         "min-cut keeps; lower recomputes more in the backward)",
     )
+    parser.add_argument(
+        "--partitioner",
+        metavar="NAME=VALUE,...",
+        help='the compiled modes\' options={"partitioner": {...}}: torch._functorch.config settings for their split',
+    )
     parser.add_argument("--cache-dir", default=None, help="torch_tpu's persistent compile cache (default: fresh)")
     parser.add_argument("--commit", default=None, help="torch_tpu's commit to print, where the tree has no .git")
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: from the device kind")
@@ -725,6 +742,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     batches = args.batches or ("2" if args.tiny else "4,8")
     args.batches = [int(b) for b in batches.split(",") if b]
     args.image_batch = args.image_batch or (4 if args.tiny else 128)
+    args.compile_options = {"partitioner": _settings(args.partitioner)} if args.partitioner else None
     if args.warmup < 1:
         parser.error("--warmup must be >= 1: the first step is timed on its own")
     return args

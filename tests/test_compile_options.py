@@ -24,6 +24,7 @@ ALL = {
     "xla_flags": {"xla_cpu_enable_fast_math": False},
     "async_compile": False,
     "dump_dir": None,
+    "partitioner": {"ban_recompute_used_far_apart": False},
 }
 
 
@@ -49,6 +50,9 @@ def test_string_xla_flags_parse_like_the_command_line():
         ({"xla_flags": {"--not a flag": 1}}, ValueError, "XLA flag name"),
         ({"xla_flags": {"xla_ok": [1]}}, TypeError, "xla_ok"),
         ({"async_compile": 1}, TypeError, "async_compile"),
+        ({"partitioner": {"no_such_setting": 1}}, ValueError, "no_such_setting"),
+        ({"partitioner": {"ban_recompute_reductions": [1]}}, TypeError, "ban_recompute_reductions"),
+        ({"partitioner": "ban_recompute_reductions"}, TypeError, "partitioner"),
     ],
 )
 def test_bad_options_raise(options, error, match):

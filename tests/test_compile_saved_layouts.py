@@ -34,6 +34,11 @@ def _model_and_step():
     return x, w, fn
 
 
+# Inductor's partition, which keeps t and exp(t) rather than the matmul's output that the
+# backward would otherwise recompute them from (compile/backend.py: PARTITIONER_DEFAULTS).
+KEEP_TRANSPOSES = {"partitioner": {"ban_recompute_materialized_backward": True}}
+
+
 def _free_formats(runners) -> list:
     (forward,) = [r for r in runners if r.name.startswith("forward")]
     formats = []
@@ -52,7 +57,7 @@ def test_forward_saves_in_xla_layouts_and_backward_matches_cpu(layouts_on, monke
     tpu_w = w.to("tpu").requires_grad_()
     for _ in range(2):  # the second step runs the cached executables on the same layouts
         tpu_w.grad = None
-        torch.compile(fn, backend="tpu")(x.to("tpu"), tpu_w).backward()
+        torch.compile(fn, backend="tpu", options=KEEP_TRANSPOSES)(x.to("tpu"), tpu_w).backward()
     formats = _free_formats(runners)
     assert formats, "the forward saved nothing in XLA's layout"
     assert any(f.layout.major_to_minor != tuple(range(len(f.layout.major_to_minor))) for f in formats), formats

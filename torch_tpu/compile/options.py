@@ -31,6 +31,12 @@ Options (all optional; an unknown key raises ValueError listing these):
 - "async_compile": bool; a new input signature runs the graph op by op while its
   executable compiles on a background thread; later calls use the executable
   once it is ready.
+- "partitioner": {"name": value}: `torch._functorch.config` settings for this graph's split
+  into forward and backward (aot_autograd's min-cut partitioner), over the backend's own
+  (`backend.PARTITIONER_DEFAULTS`), e.g. {"ban_recompute_materialized_backward": True} for
+  inductor's choice (keep what a convolution's or matmul's backward reads),
+  {"ban_recompute_used_far_apart": False, "ban_recompute_long_fusible_chains": False} to also
+  recompute residual sums, or {"activation_memory_budget": 0.9} to recompute more.
 - "dump_dir": a directory; every compiled graph writes `<graph>.stablehlo.mlir`
   (the lowered StableHLO), `<graph>.hlo.txt` (XLA's optimized HLO) and
   `<graph>.memory.txt` (XLA's buffer sizes: arguments, outputs, temporaries) there.
@@ -74,6 +80,7 @@ class CompileOptions:
     xla_flags: tuple[tuple[str, Any], ...] = ()
     async_compile: bool = False
     dump_dir: str | None = None
+    partitioner: tuple[tuple[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The options as `options=` would give them (round-trips through `parse`)."""
@@ -84,6 +91,7 @@ class CompileOptions:
             "xla_flags": dict(self.xla_flags),
             "async_compile": self.async_compile,
             "dump_dir": self.dump_dir,
+            "partitioner": dict(self.partitioner),
         }
 
     def compiler_options(self) -> dict[str, Any] | None:
@@ -173,6 +181,23 @@ def _flags(value) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(flags))
 
 
+def _partitioner(value) -> tuple[tuple[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise TypeError(f'option "partitioner" must be a dict of torch._functorch.config name -> value, got {value!r}')
+    import torch._functorch.config as functorch_config
+
+    settings = []
+    for name, setting in value.items():
+        if not isinstance(name, str) or name.startswith("_") or not hasattr(functorch_config, name):
+            raise ValueError(f'option "partitioner": {name!r} is not a torch._functorch.config setting')
+        if not isinstance(setting, (bool, int, float, str)):
+            raise TypeError(f'option "partitioner": {name} must be a bool, int, float or str, got {setting!r}')
+        settings.append((name, setting))
+    return tuple(sorted(settings))
+
+
 def _dump_dir(value) -> str | None:
     if value is None:
         return None
@@ -206,6 +231,7 @@ def parse(mode: str | None = None, options: Mapping[str, Any] | None = None) -> 
         xla_flags=_flags(merged.get("xla_flags")),
         async_compile=_bool("async_compile", merged.get("async_compile", False)),
         dump_dir=_dump_dir(merged.get("dump_dir")),
+        partitioner=_partitioner(merged.get("partitioner")),
     )
 
 
