@@ -5,6 +5,7 @@ their outcomes, pytest starts again after it, and a resumed run retries it."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 from tests.helpers import run_python
@@ -42,7 +43,7 @@ def test_after():
 
 
 def _lane(repo: pathlib.Path, out: pathlib.Path, aborts: bool, *more: str) -> dict:
-    env = {"LANE_TEST_ABORTS": "1" if aborts else "0", "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "LANE_TEST_ABORTS": "1" if aborts else "0"}  # PYTHONPATH: where pytest is
     args = [str(LANE / "lane.py"), "--repo", str(repo), "--platform", "cpu", "--parts", "tests"]
     args += ["--tests", "tests/test_crashing.py", "--test-seconds", "120", "--out", str(out), *more]
     proc = run_python(args, env, cwd=repo, timeout=300)
