@@ -1,5 +1,5 @@
-"""Lowerings with a TPU form (lax.platform_dependent, or jax's rules registered for TPU in
-platforms/tpu/), checked without a chip: lowered for TPU here, the module holds none of what
+"""Lowerings with a TPU form (jax's rules registered for TPU in platforms/tpu/x64_types.py),
+checked without a chip: lowered for TPU here, the module holds none of what
 XLA:TPU cannot compile; the TPU forms' arithmetic runs on the CPU client; and the ops on the tpu
 device match CPU (on a TPU in the lane)."""
 
@@ -17,7 +17,7 @@ import torch
 import torch_tpu  # noqa: F401
 from tests.helpers import platform_rounding_tol
 from torch_tpu.ops.lowerings import linalg
-from torch_tpu.platforms.tpu import complex128
+from torch_tpu.platforms.tpu import x64_types
 
 
 def _lowered(fn, *avals, platform: str) -> str:
@@ -32,20 +32,6 @@ def test_int64_matmul_has_no_dot_on_tpu():
     assert "dot_general" in _lowered(linalg.matmul, small, jax.ShapeDtypeStruct((5, 3), jnp.int32), platform="tpu")
 
 
-@pytest.mark.parametrize("at_once", [True, False])
-@pytest.mark.parametrize(
-    "shapes", [((3, 4, 5), (5, 2)), ((5,), (5,)), ((3, 4, 5), (5,)), ((5,), (2, 5, 3)), ((2, 1, 3, 4), (5, 4, 2))]
-)
-def test_matmul_by_sums_is_numpys(shapes, at_once, monkeypatch):
-    if not at_once:
-        monkeypatch.setattr(linalg, "_SUMS_AT_ONCE", 1)  # one step of k at a time
-    rng = np.random.default_rng(0)
-    x, y = (rng.integers(-(2**40), 2**40, s) for s in shapes)  # products wrap around, as CPU's
-    got = np.asarray(linalg.matmul_by_sums(jnp.asarray(x), jnp.asarray(y)))
-    assert got.dtype == np.int64
-    np.testing.assert_array_equal(got, np.matmul(x, y))
-
-
 def test_float64_lu_has_no_xla_lu_on_tpu():
     a64, a32 = jax.ShapeDtypeStruct((2, 3, 3), jnp.float64), jax.ShapeDtypeStruct((2, 3, 3), jnp.float32)
     assert "LuDecomposition" not in _lowered(linalg._lu, a64, platform="tpu")
@@ -55,7 +41,7 @@ def test_float64_lu_has_no_xla_lu_on_tpu():
 @pytest.mark.parametrize("shape", [(4, 4), (2, 5, 3), (3, 2, 4)])
 def test_lu_by_rows_is_laxs(shape):
     a = jnp.asarray(np.random.default_rng(1).standard_normal(shape))
-    for got, want in zip(linalg.lu_by_rows(a), jax.lax.linalg.lu(a)):
+    for got, want in zip(x64_types.lu_by_rows(a), jax.lax.linalg.lu(a)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
 
 
@@ -185,14 +171,14 @@ def _assert_same_numbers(got, want):
 def test_complex128_conversions_from_parts_are_jaxs(source, target):
     value = _VALUES[source].astype(source)
     with np.errstate(all="ignore"):
-        got = _on_cpu(lambda x: complex128.converted(x, target), value)
+        got = _on_cpu(lambda x: x64_types.converted(x, target), value)
         want = _on_cpu(lambda x: jax.lax.convert_element_type(x, target), value)
     _assert_same_numbers(got, want)
 
 
 def test_complex128_abs_from_parts_is_hypot():
     value = _VALUES[jnp.complex128]
-    got = _on_cpu(complex128.magnitude, value)
+    got = _on_cpu(x64_types.magnitude, value)
     finite = np.isfinite(value)
     _assert_same_numbers(got[finite], _on_cpu(jnp.abs, value)[finite])  # as XLA's complex abs
     # CPU's torch.abs (C's hypot): inf where a part is inf, with a NaN in the other too
@@ -224,6 +210,24 @@ def test_complex128_products_lower_for_tpu_as_float64_dots(name):
     assert not _COMPLEX128_DOT.search(_lowered(lambda a: a @ mH(a), avals[0], platform="tpu"))
 
 
+@pytest.mark.parametrize("at_once", [True, False])
+@pytest.mark.parametrize("name", list(_PRODUCTS))
+def test_int64_products_lower_for_tpu_as_sums_and_are_jaxs(name, at_once, monkeypatch):
+    """XLA:TPU has no 64-bit integer dot: products summed over the contracting dims (all at once,
+    or one step of k at a time), wrapping around as CPU's gemm does."""
+    if not at_once:
+        monkeypatch.setattr(x64_types, "_SUMS_AT_ONCE", 1)
+    lhs, rhs, dims = _PRODUCTS[name]
+    avals = (jax.ShapeDtypeStruct(lhs, jnp.int64), jax.ShapeDtypeStruct(rhs, jnp.int64))
+    dot = lambda a, b: jax.lax.dot_general(a, b, dims)
+    assert "dot_general" not in _lowered(dot, *avals, platform="tpu")
+    assert "dot_general" in _lowered(dot, *avals, platform="cpu")
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(-(2**40), 2**40, lhs), rng.integers(-(2**40), 2**40, rhs)
+    got = _on_cpu(lambda p: x64_types.product_by_sums(p[0], p[1], dimension_numbers=dims, dtype=jnp.int64), (x, y))
+    _assert_same_numbers(got, _on_cpu(lambda p: dot(*p), (x, y)))
+
+
 @pytest.mark.parametrize("name", list(_PRODUCTS))
 def test_complex128_products_from_parts_are_jaxs(name):
     """Integer-valued parts: every sum exact, so the two must agree bit for bit."""
@@ -232,7 +236,7 @@ def test_complex128_products_from_parts_are_jaxs(name):
     a, b = (rng.integers(-9, 10, (2, *shape)).astype(np.float64) for shape in (lhs, rhs))
     a, b = a[0] + 1j * a[1], b[0] + 1j * b[1]
     for x, y in ((a, b), (a, b.real), (a.real, b)):
-        got = _on_cpu(lambda p: complex128.product(p[0], p[1], dimension_numbers=dims), (x, y))
+        got = _on_cpu(lambda p: x64_types.product(p[0], p[1], dimension_numbers=dims), (x, y))
         want = _on_cpu(lambda p: jax.lax.dot_general(p[0], p[1], dims, preferred_element_type=jnp.complex128), (x, y))
         _assert_same_numbers(got, want)
 

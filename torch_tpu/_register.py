@@ -1,7 +1,7 @@
 """The one composition step: registers torch_tpu with torch (run once by `import torch_tpu`).
 
 Every import-time side effect of torch_tpu is a call from `register()`, in order: the
-persistent compile cache, jax's TPU lowering rules for complex128 (platforms/tpu/complex128.py),
+persistent compile cache, jax's TPU lowering rules for 64-bit types (platforms/tpu/x64_types.py),
 the PrivateUse1 rename and the C++ device surface, the device list,
 `torch.tpu` (and its hooks), the op lowerings (the Pallas SDPA routing among them),
 torch.compile's "tpu" backend, the optimizer step pre-hook that fuses a tpu optimizer's step
@@ -48,9 +48,9 @@ def register() -> None:
     from torch_tpu.runtime import persistent_cache
 
     persistent_cache.install()
-    from torch_tpu.platforms.tpu import complex128
+    from torch_tpu.platforms.tpu import x64_types
 
-    complex128.install()  # complex128 converts, abs and dots from float64 parts on TPU
+    x64_types.install()  # what XLA:TPU's 64-bit rewriting cannot compile, from what it can
     torch.utils.rename_privateuse1_backend("tpu")
     _C._register_device()
     _C._set_devices(_device_list())

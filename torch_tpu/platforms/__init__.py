@@ -9,8 +9,9 @@ platform has lives in its subpackage:
   background compiles it waits on (background_compile.py), the compile worker process
   (compile_worker.py), the fast op-compile flags (compile_options.py).
 - tpu/: Mosaic's block rules for Pallas kernels (mosaic.py), libtpu's runtime metrics
-  (monitoring.py), jax's TPU lowering rules that build complex128 converts, abs and dots from
-  float64 parts (complex128.py: XLA:TPU aborts compiling the first two, miscomputes the third).
+  (monitoring.py), jax's TPU lowering rules that build what XLA:TPU's 64-bit rewriting cannot
+  compile, or computes wrongly, from what it can (x64_types.py: complex128 converts, abs and
+  dots, 64-bit integer dots, float64 LU).
 
 Named `platforms`, not `platform`: `torch_tpu.platform()` is the public function naming the
 client. See docs/architecture.md, "The platform boundary".

@@ -38,47 +38,9 @@ def _is_low_float(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
 
 
-def _is_wide_integer(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.integer) and jnp.dtype(dtype).itemsize == 8
-
-
-_SUMS_AT_ONCE = 1 << 22  # products past this are summed one step of k at a time
-
-
-def matmul_by_sums(a: jax.Array, b: jax.Array) -> jax.Array:
-    """jnp.matmul as products summed over k, without a dot: XLA:TPU has no 64-bit integer dot
-    (its 64-bit rewriting stops at dot_general). Wraps around as CPU's integer gemm does."""
-    dtype = jnp.result_type(a, b)
-    vector_a, vector_b = a.ndim == 1, b.ndim == 1
-    a = a[None, :] if vector_a else a
-    b = b[:, None] if vector_b else b
-    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a = jnp.broadcast_to(a, batch + a.shape[-2:]).astype(dtype)
-    b = jnp.broadcast_to(b, batch + b.shape[-2:]).astype(dtype)
-    (m, k), n = a.shape[-2:], b.shape[-1]
-    if math.prod(batch) * m * k * n <= _SUMS_AT_ONCE:
-        out = jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
-    else:
-
-        def add_step(i, total):
-            column = lax.dynamic_index_in_dim(a, i, axis=a.ndim - 1)  # (..., m, 1)
-            row = lax.dynamic_index_in_dim(b, i, axis=b.ndim - 2)  # (..., 1, n)
-            return total + column * row
-
-        out = lax.fori_loop(0, k, add_step, jnp.zeros((*batch, m, n), dtype))
-    if vector_b:
-        out = out[..., 0]
-    if vector_a:
-        out = out[..., 0] if vector_b else out[..., 0, :]
-    return out
-
-
 def matmul(a: jax.Array, b: jax.Array, rounded: bool = True) -> jax.Array:
     """jnp.matmul; half floats accumulate in float32, as on CPU (rounded=False: the float32
-    sums), and float32 takes torch.get_float32_matmul_precision() (ops/precision.py).
-    64-bit integers take matmul_by_sums on TPU."""
-    if _is_wide_integer(a.dtype) or _is_wide_integer(b.dtype):
-        return lax.platform_dependent(a, b, tpu=matmul_by_sums, default=jnp.matmul)
+    sums), and float32 takes torch.get_float32_matmul_precision() (ops/precision.py)."""
     if _is_low_float(a.dtype) and a.dtype == b.dtype:
         product = jnp.matmul(a, b, precision=HIGHEST, preferred_element_type=jnp.float32)
         return product.astype(a.dtype) if rounded else product
@@ -155,10 +117,7 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
         for b in range(batch1.shape[0]):
             out = _scaled_sum(out, matmul(batch1[b], batch2[b], rounded=False), beta if b == 0 else 1, alpha)
         return out
-    if _is_wide_integer(batch1.dtype):  # one product per batch, summed: no 64-bit dot on TPU
-        product = jnp.sum(matmul(batch1, batch2), axis=0)
-    else:
-        product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=precision.matmul(batch1, batch2))
+    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=precision.matmul(batch1, batch2))
     return _scaled_sum(self, product, beta, alpha)
 
 
@@ -191,20 +150,9 @@ def trace(self):
 # ---- decompositions ---------------------------------------------------------
 
 
-def lu_by_rows(A):
-    """lax.linalg.lu as jax's unblocked loop over rows (elementwise ops, gathers and scatters):
-    XLA:TPU's LU handles float32 and complex64 only, and its 64-bit rewriting covers these."""
-    batch, (m, n) = A.shape[:-2], A.shape[-2:]
-    pivots, perm, lu = jax.vmap(lax_linalg._lu_unblocked)(A.reshape((-1, m, n)))
-    return lu.reshape(A.shape), pivots.reshape(batch + pivots.shape[-1:]), perm.reshape((*batch, m))
-
-
 def _lu(A):
     """LU with partial pivoting: (LU, 1-based int32 pivots, permutation)."""
-    if A.dtype in (jnp.float64, jnp.complex128):
-        lu, pivots, perm = lax.platform_dependent(A, tpu=lu_by_rows, default=lambda a: tuple(lax.linalg.lu(a)))
-    else:
-        lu, pivots, perm = lax.linalg.lu(A)
+    lu, pivots, perm = lax.linalg.lu(A)
     return lu, pivots.astype(jnp.int32) + 1, perm
 
 

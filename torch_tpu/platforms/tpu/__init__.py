@@ -1,3 +1,3 @@
 """TPU's own facts: Mosaic's block rules (mosaic.py), libtpu's runtime metrics (monitoring.py) and
-jax's TPU lowering rules for what XLA:TPU cannot compile, or computes wrongly, in complex128
-(complex128.py)."""
+jax's TPU lowering rules for what XLA:TPU cannot compile, or computes wrongly, in 64-bit types
+(x64_types.py)."""
