@@ -145,8 +145,7 @@ def test_scalar_values_compile_once(name, dtype):
         elif (name, dtype) in NEAR:  # pow, exp, log: TPU's transcendental units differ more
             torch.testing.assert_close(got, want, **platform_tol({"rtol": 3e-7, "atol": 0}))
         elif name in DUPLICATE_INDICES:
-            tol = platform_rounding_tol(dtype)  # exact on the CPU client
-            torch.testing.assert_close(got, want, rtol=2 * tol["rtol"], atol=2 * tol["atol"])
+            torch.testing.assert_close(got, want, **platform_rounding_tol(dtype, roundings=2))
         else:
             _exact(got, want)
 
