@@ -210,6 +210,26 @@ def test_complex128_products_lower_for_tpu_as_float64_dots(name):
     assert not _COMPLEX128_DOT.search(_lowered(lambda a: a @ mH(a), avals[0], platform="tpu"))
 
 
+_COMPLEX128_TRANSPOSE = re.compile(r"stablehlo\.transpose\b.*complex<f64>")
+
+
+@pytest.mark.parametrize("permutation", [(1, 0), (0, 2, 1), (2, 0, 1)])
+def test_complex128_transposes_lower_for_tpu_from_float64_parts_and_are_jaxs(permutation):
+    """XLA:TPU dropped a complex128 transpose before the dot of `a @ b.mH` on a v5e: its TPU
+    module transposes the float64 parts, and the result is jax's transpose."""
+    shape = (2, 3, 4)[: len(permutation)]
+    operand = jax.ShapeDtypeStruct(shape, jnp.complex128)
+    transpose = lambda x: jax.lax.transpose(x, permutation)
+    assert not _COMPLEX128_TRANSPOSE.search(_lowered(transpose, operand, platform="tpu"))
+    assert _COMPLEX128_TRANSPOSE.search(_lowered(transpose, operand, platform="cpu"))
+    mH = lambda a: a @ jnp.conj(jnp.swapaxes(a, -1, -2))
+    assert not _COMPLEX128_TRANSPOSE.search(_lowered(mH, jax.ShapeDtypeStruct((3, 3), jnp.complex128), platform="tpu"))
+    value = _VALUES[jnp.complex128][: np.prod(shape)].reshape(shape)
+    _assert_same_numbers(_on_cpu(lambda x: x64_types.transposed(x, permutation), value), _on_cpu(transpose, value))
+    complex64 = jax.ShapeDtypeStruct(shape, jnp.complex64)  # jax's own transpose for other dtypes
+    assert re.search(r"stablehlo\.transpose\b.*complex<f32>", _lowered(transpose, complex64, platform="tpu"))
+
+
 @pytest.mark.parametrize("at_once", [True, False])
 @pytest.mark.parametrize("name", list(_PRODUCTS))
 def test_int64_products_lower_for_tpu_as_sums_and_are_jaxs(name, at_once, monkeypatch):

@@ -6,14 +6,16 @@ complex128 as float64 parts. Measured on a v5e (jax 0.10.2), that rewriting
 - aborts the whole process, a C++ CHECK failure and not an error, compiling a convert to or from
   complex128: c64 <-> c128, f32/f64 -> c128 ("Unsupported CVT X{64|128} expansion from c64[2] to
   c128[2]"), and a complex128 abs ("Check failed: operand->shape().IsTuple()");
-- computes a complex128 dot whose operand is transposed wrongly: `a @ b.mH` came out as
-  `a @ b.conj()`, the transpose dropped (a float64 dot with a transposed operand is right);
+- computes `a @ b.mH` of complex128 wrongly, as `a @ b.conj()`: the transpose is dropped, both
+  with jax's complex128 dot and with float64 dots of the parts taken after a complex128
+  transpose (a float64 dot with a transposed operand is right);
 - stops at a 64-bit integer dot ("UNIMPLEMENTED: ... not contain X{64|128} element types ...
   dot_general"), and XLA:TPU's LU takes float32 and complex64 only.
 What it does compile: complex(f64, f64), real and imag, elementwise 64-bit arithmetic, gathers and
 scatters. So here, for the operands named above only:
 - convert_element_type_p builds the result from the float64 parts (`converted`);
 - abs_p on complex128 is the hypot of the parts (`magnitude`);
+- transpose_p on complex128 transposes the float64 parts (`transposed`);
 - dot_general_p is four float64 dots of the parts for complex128 (`product`) and products summed
   without a dot for 64-bit integers (`product_by_sums`), wrapping around as CPU's gemm does;
 - lu_p on float64 and complex128 is jax's unblocked loop over rows (`lu_by_rows`).
@@ -77,6 +79,11 @@ def magnitude(x):
     result = lax.select(zero, larger, scaled)
     infinite = lax.bitwise_or(re == np.inf, im == np.inf)
     return lax.select(infinite, lax.full_like(result, np.inf), result)
+
+
+def transposed(x, permutation):
+    """lax.transpose of complex128 `x`, from its float64 parts transposed."""
+    return lax.complex(lax.transpose(lax.real(x), permutation), lax.transpose(lax.imag(x), permutation))
 
 
 def product(lhs, rhs, *, dimension_numbers, precision=None):
@@ -153,6 +160,10 @@ def _abs(avals_in, avals_out, params):
     return (magnitude, {}) if _dtype_in(avals_in, _C128) else None
 
 
+def _transpose(avals_in, avals_out, params):
+    return (transposed, {"permutation": params["permutation"]}) if _dtype_in(avals_in, _C128) else None
+
+
 def _dot(avals_in, avals_out, params):
     if _dtype_in((*avals_in, *avals_out), _C128):
         return product, {"dimension_numbers": params["dimension_numbers"], "precision": params["precision"]}
@@ -170,6 +181,7 @@ def _lu(avals_in, avals_out, params):
 _DECOMPOSITIONS: dict[object, Callable] = {
     lax_primitives.convert_element_type_p: _convert,
     lax_primitives.abs_p: _abs,
+    lax_primitives.transpose_p: _transpose,
     lax_primitives.dot_general_p: _dot,
     lax_linalg.lu_p: _lu,
 }
