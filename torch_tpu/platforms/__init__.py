@@ -9,9 +9,10 @@ platform has lives in its subpackage:
   background compiles it waits on (background_compile.py), the compile worker process
   (compile_worker.py), the fast op-compile flags (compile_options.py).
 - tpu/: Mosaic's block rules for Pallas kernels (mosaic.py), libtpu's runtime metrics
-  (monitoring.py), jax's TPU lowering rules that build what XLA:TPU's 64-bit rewriting cannot
-  compile, or computes wrongly, from what it can (x64_types.py: complex128 converts, abs and
-  dots, 64-bit integer dots, float64 LU).
+  (monitoring.py), the low-effort op-compile option (compile_options.py), jax's TPU lowering
+  rules that build what XLA:TPU's 64-bit rewriting cannot compile, or computes wrongly, from what
+  it can (x64_types.py: complex128 converts, abs, transposes and dots, 64-bit integer dots,
+  float64 LU).
 
 Named `platforms`, not `platform`: `torch_tpu.platform()` is the public function naming the
 client. See docs/architecture.md, "The platform boundary".
@@ -108,11 +109,15 @@ def lowering_platform() -> str:
 
 def op_compile_options() -> dict[str, Any] | None:
     """XLA options for compiling one eager op: the CPU client's fast compile flags
-    (cpu/compile_options.py); None (XLA's defaults) elsewhere."""
-    if name() != "cpu":
+    (cpu/compile_options.py), XLA:TPU's lowest optimization effort (tpu/compile_options.py);
+    None (XLA's defaults) elsewhere."""
+    platform = name()
+    if platform == "cpu":
+        from torch_tpu.platforms.cpu import compile_options
+    elif platform == "tpu":
+        from torch_tpu.platforms.tpu import compile_options
+    else:
         return None
-    from torch_tpu.platforms.cpu import compile_options
-
     return compile_options.op_compile_options()
 
 

@@ -97,6 +97,7 @@ def fingerprint() -> str:
         f"XLA_FLAGS {os.environ.get('XLA_FLAGS', '')}",
         f"LIBTPU_INIT_ARGS {os.environ.get('LIBTPU_INIT_ARGS', '')}",
         f"x64 {jax.config.jax_enable_x64}",
+        f"op compile options {platforms.op_compile_options()}",
     ]
     return "\n".join(parts)
 
