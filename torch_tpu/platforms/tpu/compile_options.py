@@ -12,9 +12,10 @@ OP_COMPILE_EFFORT = -1.0
 def op_compile_options() -> dict[str, Any] | None:
     """An eager op's executable is one op: XLA:TPU's default effort spends its compile time on
     searching convolution and fusion strategies that one op barely has. On a v5e (jax 0.10.2,
-    lane_run's compile_effort_probe), effort -1 compiled a 3x3 convolution in 0.19 s instead of
-    2.39 s and its weight gradient in 0.25 s instead of 1.39 s, with the same run time (~160 us
-    each, as add, softmax and a 64x512 matmul, whose ~60-90 ms compiles it left alone).
+    benchmarks/op_compile_effort.py), effort -1 compiled a 3x3 convolution in 0.19 s instead of
+    2.39 s and its weight gradient in 0.25 s instead of 1.39 s; add, softmax and a 64x512 matmul
+    kept their ~60-90 ms. Those ops ran in the dispatch's ~160 us at either effort; ops large
+    enough for the device's time to show are not measured at effort -1 yet.
     TORCH_TPU_OP_COMPILE_EFFORT=<float in [-1, 1]> sets another effort; "default" keeps XLA's
     (None). Compiled graphs and lazy traces keep XLA's default effort."""
     setting = os.environ.get("TORCH_TPU_OP_COMPILE_EFFORT", "")
