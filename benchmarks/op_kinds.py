@@ -171,6 +171,31 @@ def measure(names: list[str], rounds: int, calls: int) -> dict[str, dict[str, fl
     return results
 
 
+def profile(names: list[str], calls: int, top: int) -> str:
+    """cProfile's `top` functions by own time over `calls` torch_tpu calls of each case (after a
+    warm-up), with executions per call: where the host's issue time goes beyond jax's."""
+    import cProfile
+    import io
+    import pstats
+
+    cases, report = _cases(), []
+    for name in names:
+        call = cases[name][0]()
+        _sample(call, 3, _wait_torch, 0)
+        torch_tpu.metrics.reset()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for i in range(calls):
+            call(i)
+        profiler.disable()
+        _wait_torch(None)
+        counts = {k: v / calls for k, v in torch_tpu.metrics.counters().items() if isinstance(v, int) and v}
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+        report.append(f"## {name}: per call {counts}\n{text.getvalue()}")
+    return "\n".join(report)
+
+
 def table(results: dict) -> str:
     lines = [
         "| op kind | torch_tpu µs/call | issue µs | jax.jit µs/call | issue µs | torch_tpu / jax.jit |",
@@ -190,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--cases", default=",".join(_cases()))
     parser.add_argument("--json")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="then cProfile's top N per case")
     args = parser.parse_args(argv)
     names = [c for c in args.cases.split(",") if c]
     unknown = set(names) - set(_cases())
@@ -204,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.profile:
+        print(profile(names, args.calls, args.profile))
     return 0
 
 
