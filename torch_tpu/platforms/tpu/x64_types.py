@@ -15,7 +15,7 @@ What it does compile: complex(f64, f64), real and imag, elementwise 64-bit arith
 scatters. So here, for the operands named above only:
 - convert_element_type_p builds the result from the float64 parts (`converted`);
 - abs_p on complex128 is the hypot of the parts (`magnitude`);
-- transpose_p on complex128 transposes the float64 parts (`transposed`);
+- transpose_p on complex128 transposes the float64 parts (`transposed`; not yet run on a chip);
 - dot_general_p is four float64 dots of the parts for complex128 (`product`) and products summed
   without a dot for 64-bit integers (`product_by_sums`), wrapping around as CPU's gemm does;
 - lu_p on float64 and complex128 is jax's unblocked loop over rows (`lu_by_rows`).
