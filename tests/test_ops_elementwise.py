@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from tests.helpers import platform_tol, tol_for
+from tests.helpers import platform_rounding_tol, platform_tol, tol_for
 from tests.helpers import same as _same
 
 NAN, INF = float("nan"), float("inf")
@@ -856,7 +856,9 @@ def test_integer_division_by_nonzero_matches_cpu():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_division_by_a_scalar_or_broadcast_rounds_as_cpu(dtype):
     """XLA would divide by a broadcast divisor as a product by its reciprocal (an ulp off for
-    about one element in five): every quotient must be CPU's, bit for bit."""
+    about one element in five): every quotient must be CPU's, bit for bit. Except on a TPU, whose
+    own division is not correctly rounded (XLA:TPU refines a reciprocal: t / 3.3 differed from
+    CPU's on a v5e), and whose float64 is float32 pairs (48 bits: 3.3 is rounded once more)."""
     x = (torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 10).to(dtype)
     row = torch.arange(1, 101, dtype=dtype)
     cases = {
@@ -866,5 +868,6 @@ def test_division_by_a_scalar_or_broadcast_rounds_as_cpu(dtype):
         "in place": lambda t, r: t.clone().div_(3.3),
         "foreach": lambda t, r: torch._foreach_div([t], 3.3)[0],
     }
+    tol = platform_rounding_tol(dtype, roundings=2 if dtype == torch.float64 else 1)
     for name, fn in cases.items():
-        assert torch.equal(fn(x.to("tpu"), row.to("tpu")).cpu(), fn(x, row)), name
+        torch.testing.assert_close(fn(x.to("tpu"), row.to("tpu")).cpu(), fn(x, row), **tol, msg=name)
