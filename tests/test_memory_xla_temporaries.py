@@ -1,6 +1,7 @@
 """An executable's XLA temporaries are no tpu storage, and TPU's PJRT stats do not count them:
 torch.tpu.memory_stats() reports the largest of a compiled graph or lazy trace run since the
-last reset ("xla_temp_bytes.all.peak"), from XLA's memory analysis of that executable."""
+last reset ("xla_temp_bytes.all.peak"), from XLA's memory analysis of that executable, taken
+when it compiles (and kept with it in the persistent cache: a loaded one need not say)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torch_tpu
 from tests.helpers import graph_runners
 from torch_tpu.compile import graph, lazy
+from torch_tpu.device import memory
 
 N = 512
 KEY = "xla_temp_bytes.all.peak"
@@ -84,3 +86,43 @@ def test_eager_ops_alone_report_none():
     torch.tpu.reset_peak_memory_stats()
     _two_matmuls(a, b, c).cpu()
     assert torch.tpu.memory_stats()[KEY] == 0
+
+
+def _unanalysed(monkeypatch) -> None:
+    """From now on, an executable's memory analysis says no temporaries (as a loaded one may)."""
+    monkeypatch.setattr(memory, "temp_bytes_of", lambda compiled: 0)
+
+
+def test_a_graph_loaded_from_the_persistent_cache_reports_the_compiled_ones_temporaries(fresh_dynamo, monkeypatch):
+    a, b, c = _inputs()
+    torch.compile(_two_matmuls, backend="tpu")(a, b, c)
+    compiled_peak = torch.tpu.memory_stats()[KEY]
+    assert compiled_peak >= N * N * 4, compiled_peak
+    torch._dynamo.reset()  # a new graph: its executable comes from the persistent cache
+    _unanalysed(monkeypatch)
+    torch_tpu.metrics.reset()
+    torch.tpu.reset_peak_memory_stats()
+    torch.compile(_two_matmuls, backend="tpu")(a, b, c)
+    counters = torch_tpu.metrics.counters()
+    assert counters["persistent_cache_hits"] >= 1 and counters["graph_compiles"] == 0, counters
+    assert torch.tpu.memory_stats()[KEY] == compiled_peak
+
+
+def test_a_lazy_trace_loaded_from_the_persistent_cache_reports_the_compiled_ones_temporaries(monkeypatch):
+    a, b, c = _inputs()
+
+    def run() -> int:
+        torch.tpu.reset_peak_memory_stats()
+        with torch_tpu.eager_mode(False):
+            out = _two_matmuls(a, b, c)  # a trace runs for the values still held
+            torch_tpu.sync()
+        del out
+        return torch.tpu.memory_stats()[KEY]
+
+    compiled_peak = run()
+    assert compiled_peak >= N * N * 4, compiled_peak
+    monkeypatch.setattr(lazy, "_executables", {})  # forgotten in memory: loaded from the persistent cache
+    _unanalysed(monkeypatch)
+    torch_tpu.metrics.reset()
+    assert run() == compiled_peak
+    assert torch_tpu.metrics.counters()["persistent_cache_hits"] >= 1
