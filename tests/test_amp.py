@@ -4,6 +4,7 @@ the float32 matmul precision and bf16 numerics (Python scalars in opmath)."""
 from __future__ import annotations
 
 import copy
+import math
 
 import jax
 import jax.numpy as jnp
@@ -351,15 +352,22 @@ def _assert_float32_rounding_apart(got: torch.Tensor, want: torch.Tensor, case, 
     differ. A Python scalar rounded to the half dtype before use changes 4-40% of them, some by more
     (test_the_tpu_check_of_opmath_fails_a_scalar_rounded_to_the_half_dtype). `terms`: for a sum
     of float32 terms (addmm's beta * self + alpha * product), the sum of their magnitudes, whose
-    float32 last bits a result smaller than them (cancellation) may exceed one ulp by."""
+    float32 last bits a result smaller than them (cancellation) may exceed one ulp by. Such an
+    element flips often, so each adds its chance to the count allowed (a v5e flipped 2 of
+    _addmm's 64 float16 results, whose sums differed in the last bits: 1% of 64 allowed one)."""
     eps, tiny = torch.finfo(want.dtype).eps, torch.finfo(want.dtype).tiny
     atol = eps * tiny  # a subnormal's ulp
+    allowed = max(1, want.numel() // 100)
     if terms is not None:
-        atol = atol + 8 * torch.finfo(torch.float32).eps * terms
+        last_bits = 8 * torch.finfo(torch.float32).eps * terms
+        atol = atol + last_bits
+        # the chance that a difference of up to last_bits crosses a half-float rounding boundary
+        chance = (2 * last_bits / (eps * want.float().abs()).clamp_min(tiny)).clamp(max=1)
+        allowed += math.ceil(chance.sum().item())
     within_ulp = (got.float() - want.float()).abs() <= eps * want.float().abs() + atol
     assert within_ulp.all(), (case, "off by more than one unit in the last place")
     differ = (got != want).sum().item()
-    assert differ <= max(1, want.numel() // 100), (case, f"{differ} of {want.numel()} elements differ")
+    assert differ <= allowed, (case, f"{differ} of {want.numel()} elements differ ({allowed} allowed)")
 
 
 def _addmm(t, u, beta, alpha):

@@ -11,13 +11,14 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from tests.helpers import platform_tol, tol_for
+from tests.helpers import platform_rounding_tol, platform_tol, tol_for
 from tests.helpers import same as _same
 
 NAN, INF = float("nan"), float("inf")
 
 # Ops a TPU computes with its transcendental units: float32 results up to ~2.2e-4 relative off CPU's.
 TRANSCENDENTAL = {"exp", "log", "log2", "log10", "log1p", "logit", "tanh", "acosh", "asinh", "atanh", "pow", "xlogy"}
+TRANSCENDENTAL |= {"expm1", "erfinv"}  # exp's; XLA's erfinv is a polynomial in log(1 - x**2)
 
 
 def same(fn, *inputs, grad=False, transcendental=False, **tol):
@@ -301,6 +302,11 @@ def test_nan_semantics_of_min_max_and_clamp():
 
 # ---- scalars, promotion -----------------------------------------------------
 
+
+def _two_to_the(x):
+    return 2**x  # float x: pow, TRANSCENDENTAL
+
+
 SCALAR_FNS = [
     lambda x: x + 2,
     lambda x: x + 2.5,
@@ -314,7 +320,7 @@ SCALAR_FNS = [
     lambda x: x % 3,
     lambda x: x % -2.5,
     lambda x: x**2,
-    lambda x: 2**x,
+    _two_to_the,
     lambda x: x < 1.5,
     lambda x: x == 2,
     lambda x: x >= -1,
@@ -330,7 +336,7 @@ SCALAR_FNS = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.uint8, torch.bool])
 @pytest.mark.parametrize("fn", SCALAR_FNS)
 def test_python_scalar_operands(fn, dtype):
-    same(fn, make((2, 3), dtype, 0, 6))
+    same(fn, make((2, 3), dtype, 0, 6), transcendental=fn is _two_to_the and dtype.is_floating_point)
 
 
 def test_wrapped_integer_overflow_wraps_like_cpu():
@@ -470,9 +476,9 @@ def test_heaviside_nan_to_num_sinc_copysign():
     same(torch.heaviside, torch.tensor([-2, 0, 3]), torch.tensor([7, 7, 7]))
     same(torch.copysign, x, torch.tensor([-1.0, -0.0, 1.0, -1.0, 1.0]))
     same(lambda t: torch.copysign(t, -1), torch.tensor([1, -2, 3]))
-    same(torch.xlogy, torch.tensor([0.0, 0.0, 2.0, 1.0]), torch.tensor([0.0, NAN, 3.0, 0.0]))
-    same(lambda t: torch.xlogy(2.0, t), torch.tensor([1.0, 2.0]))
-    same(lambda t: torch.xlogy(t, 3), torch.tensor([1.0, 2.0]))
+    same(torch.xlogy, torch.tensor([0.0, 0.0, 2.0, 1.0]), torch.tensor([0.0, NAN, 3.0, 0.0]), transcendental=True)
+    same(lambda t: torch.xlogy(2.0, t), torch.tensor([1.0, 2.0]), transcendental=True)
+    same(lambda t: torch.xlogy(t, 3), torch.tensor([1.0, 2.0]), transcendental=True)
 
 
 # ---- in-place and out= ------------------------------------------------------
@@ -491,7 +497,7 @@ def test_inplace_on_view_changes_base():
         base.t()[::2].exp_()
         return base
 
-    same(run, cpu, y)
+    same(run, cpu, y, transcendental=True)  # exp_
 
 
 @pytest.mark.parametrize(
@@ -527,7 +533,8 @@ def test_inplace_methods(method):
             r = getattr(x, method)(y)
         return x, r
 
-    same(run, make((3, 4), torch.float32, 0.5, 3), make((4,), torch.float32, 0.5, 3))
+    x, y = make((3, 4), torch.float32, 0.5, 3), make((4,), torch.float32, 0.5, 3)
+    same(run, x, y, transcendental=method.rstrip("_") in TRANSCENDENTAL)
 
 
 @pytest.mark.parametrize(
@@ -539,7 +546,7 @@ def test_unary_inplace_on_non_contiguous_view(method):
         getattr(x.t()[1:], method)()
         return x
 
-    same(run, make((4, 3), torch.float32, 0.1, 3))
+    same(run, make((4, 3), torch.float32, 0.1, 3), transcendental=method.rstrip("_") in TRANSCENDENTAL)
 
 
 def test_inplace_integer_ops():
@@ -588,13 +595,17 @@ def test_out_variants():
     def cmp(a, b):
         out = torch.empty(3, 4, dtype=torch.float32, device=a.device)
         torch.lt(a, b, out=out)
-        o2 = torch.empty(3, 4, device=a.device)
-        torch.exp(a, out=o2)
         o3 = torch.empty(3, 4, dtype=torch.int64, device=a.device)
         torch.floor_divide(a.long(), 2, out=o3)
-        return out, o2, o3
+        return out, o3
+
+    def exp(a):
+        out = torch.empty(3, 4, device=a.device)
+        torch.exp(a, out=out)
+        return out
 
     same(cmp, a, b)
+    same(exp, a, transcendental=True)
 
 
 def test_out_into_a_view():
@@ -647,12 +658,19 @@ ACTIVATIONS = {
 }
 
 
+# Built on tanh, log or log1p (TRANSCENDENTAL; 1 + tanh and x - tanh(x) cancel its leading bits).
+# The ones built on exp (elu, selu, celu, silu, sigmoid, gelu) give factors below 1, whose TPU
+# last-bit differences stay within the default tolerances.
+TANH_OR_LOG = {"gelu_tanh", "logit", "logit_eps", "mish", "softplus", "softplus_beta", "tanh", "tanhshrink"}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))
 def test_activation_forward_backward(name, dtype):
     x = make((4, 5), dtype, -4, 4)
-    same(ACTIVATIONS[name], x, grad=dtype == torch.float32)
-    same(ACTIVATIONS[name], x.t())
+    transcendental = name in TANH_OR_LOG
+    same(ACTIVATIONS[name], x, grad=dtype == torch.float32, transcendental=transcendental)
+    same(ACTIVATIONS[name], x.t(), transcendental=transcendental)
 
 
 @pytest.mark.parametrize(
@@ -677,7 +695,7 @@ def test_activation_inplace(name):
         fns[name](x[1:])
         return x
 
-    same(run, make((4, 5), torch.float32, -4, 4))
+    same(run, make((4, 5), torch.float32, -4, 4), transcendental=name in TANH_OR_LOG)
 
 
 UNARY_GRAD = [
@@ -781,7 +799,7 @@ def test_backward_ops_directly():
     a = torch.ops.aten
     same(lambda g, x: a.threshold_backward(g, x, 0.5), g, x)
     same(lambda g, x: a.gelu_backward(g, x), g, x)
-    same(lambda g, x: a.gelu_backward(g, x, approximate="tanh"), g, x)
+    same(lambda g, x: a.gelu_backward(g, x, approximate="tanh"), g, x, transcendental=True)  # tanh
     same(lambda g, y: a.sigmoid_backward(g, y), g, x.sigmoid())
     same(lambda g, y: a.tanh_backward(g, y), g, x.tanh())
     same(lambda g, x: a.leaky_relu_backward(g, x, 0.1, False), g, x)
@@ -794,7 +812,7 @@ def test_backward_ops_directly():
     same(lambda g, x: a.logit_backward(g, x), g, x.sigmoid())
     same(lambda g, x: a.logit_backward(g, x, 0.3), g, x.sigmoid())
     same(lambda g, x: a.silu_backward(g, x), g, x)
-    same(lambda g, x: a.mish_backward(g, x), g, x)
+    same(lambda g, x: a.mish_backward(g, x), g, x, transcendental=True)  # tanh, log1p
 
 
 def test_compiles_once_per_signature():
@@ -838,7 +856,9 @@ def test_integer_division_by_nonzero_matches_cpu():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_division_by_a_scalar_or_broadcast_rounds_as_cpu(dtype):
     """XLA would divide by a broadcast divisor as a product by its reciprocal (an ulp off for
-    about one element in five): every quotient must be CPU's, bit for bit."""
+    about one element in five): every quotient must be CPU's, bit for bit. Except on a TPU, whose
+    own division is not correctly rounded (XLA:TPU refines a reciprocal: t / 3.3 differed from
+    CPU's on a v5e), and whose float64 is float32 pairs (48 bits: 3.3 is rounded once more)."""
     x = (torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 10).to(dtype)
     row = torch.arange(1, 101, dtype=dtype)
     cases = {
@@ -848,5 +868,6 @@ def test_division_by_a_scalar_or_broadcast_rounds_as_cpu(dtype):
         "in place": lambda t, r: t.clone().div_(3.3),
         "foreach": lambda t, r: torch._foreach_div([t], 3.3)[0],
     }
+    tol = platform_rounding_tol(dtype, roundings=2 if dtype == torch.float64 else 1)
     for name, fn in cases.items():
-        assert torch.equal(fn(x.to("tpu"), row.to("tpu")).cpu(), fn(x, row)), name
+        torch.testing.assert_close(fn(x.to("tpu"), row.to("tpu")).cpu(), fn(x, row), **tol, msg=name)

@@ -388,6 +388,8 @@ class Segment:
             exe.compiled, (exe.out_templates, exe.mutation_specs, *rest) = found
             exe.checks = rest[0] if rest else []  # entries saved before checks had none
             exe.split = rest[1] if len(rest) > 1 else None
+            # XLA's temporaries as measured at compile time (a loaded executable need not say)
+            exe.temp_bytes = rest[2] if len(rest) > 2 else memory.temp_bytes_of(exe.compiled)
             debug.log(
                 "compile", f"{self.name}: loaded from the persistent cache in {time.perf_counter() - start:.3f} s"
             )
@@ -397,12 +399,13 @@ class Segment:
             with memory.out_of_memory_as_torch(device, f"compiling the graph {self.name}"):
                 exe.compiled = compile_options.compile_lowered(lowered, opts)
             compile_options.dump(opts, f"{self.name}.{len(self.executables)}", lowered, exe.compiled)
-            executable_cache.save(persist, exe.compiled, (exe.out_templates, exe.mutation_specs, exe.checks, exe.split))
+            exe.temp_bytes = memory.temp_bytes_of(exe.compiled)
+            meta = (exe.out_templates, exe.mutation_specs, exe.checks, exe.split, exe.temp_bytes)
+            executable_cache.save(persist, exe.compiled, meta)
             seconds = time.perf_counter() - start
             metrics.record_compile("graph", seconds)
             metrics.bump("graph_compiles")
             debug.log("compile", f"{self.name}: {len(self.nodes)} nodes in {seconds:.3f} s")
-        exe.temp_bytes = memory.temp_bytes_of(exe.compiled)
         self.executables[signature] = exe
         self._last_signature = signature
         return exe

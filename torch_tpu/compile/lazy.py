@@ -459,13 +459,13 @@ def _run(trace: _Trace, outputs: list[int], donated: tuple[int, ...]) -> None:
     if compiled is None:
         persist = _persist_key(trace, key)
         found = executable_cache.load(persist)
-        if found is not None:
-            compiled = found[0]
+        if found is not None:  # XLA's temporaries as measured at compile time (a loaded one need not say)
+            compiled, temp_bytes = found[0], found[1] if isinstance(found[1], int) else memory.temp_bytes_of(found[0])
         else:
             with memory.out_of_memory_as_torch(trace.device, "compiling " + what):
                 compiled = _compile(trace, outputs, donated)
-            executable_cache.save(persist, compiled)
-        temp_bytes = memory.temp_bytes_of(compiled)
+            temp_bytes = memory.temp_bytes_of(compiled)
+            executable_cache.save(persist, compiled, temp_bytes)
     else:
         metrics.bump("graph_cache_hits")
     _executables[key] = (compiled, temp_bytes)

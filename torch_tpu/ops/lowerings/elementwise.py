@@ -122,6 +122,26 @@ def _floor_divide_float(a, b):
     return jnp.where(b == 0, a / b, floor)
 
 
+def _trunc_divide_float(a, b):
+    """CPU's div_trunc_floating, trunc(a / b), also where the division is not correctly rounded."""
+    return truncated_quotient(a, b, divide(a, b))
+
+
+def truncated_quotient(a, b, quot):
+    """trunc(quot) for `quot`, a / b within an ulp or two: never nearer zero than the exact
+    truncated quotient. XLA:TPU divides by a refined reciprocal, not correctly rounded, so a / a
+    may be 1 - ulp, whose trunc is 0 (fmod's gradient wrt its divisor, -grad * trunc(a / b), lost
+    the whole cotangent). The exact one is (a - fmod(a, b)) / b, an integer to within that
+    division's rounding, so rounded to the nearest integer while well below 2**mantissa bits.
+    A correctly rounded quotient (CPU's, the XLA CPU client's) is never nearer zero than it:
+    there the result is trunc(quot), bit for bit."""
+    trunc = jnp.trunc(quot)
+    exact = jnp.floor((a - _rem(a, b)) / b + 0.5)
+    bound = 2.0 ** (jnp.finfo(quot.dtype).nmant - 2)
+    short = (jnp.abs(trunc) < jnp.abs(exact)) & (jnp.abs(exact) < bound)
+    return jnp.where(short, exact, trunc)
+
+
 def _divide_rounded(self, other, rounding_mode: str):
     dtype, (a, b) = promote(self, other)
     require(f"div_{rounding_mode}_cpu", dtype, bool_ok=False)
@@ -129,7 +149,7 @@ def _divide_rounded(self, other, rounding_mode: str):
         return lax.div(*jnp.broadcast_arrays(a, b)) if rounding_mode == "trunc" else jnp.floor_divide(a, b)
     ct = opmath(dtype)
     a, b = cast(a, ct), cast(b, ct)
-    return jnp.trunc(a / b) if rounding_mode == "trunc" else _floor_divide_float(a, b)
+    return _trunc_divide_float(a, b) if rounding_mode == "trunc" else _floor_divide_float(a, b)
 
 
 def _is_integral(x) -> bool:
