@@ -83,6 +83,42 @@ def test_step_compiled_again_loads_aot_results(torch_cache):
     torch.testing.assert_close(torch.tensor(warm), torch.tensor(reference), rtol=1.6e-2, atol=1e-2)
 
 
+def test_step_graphs_stored_as_plain_data(torch_cache, monkeypatch):
+    """The forward, backward and optimizer-step graphs (an AdamW step: foreach ops over each
+    parameter list, their results read back by getitem) are stored as plain data
+    (compile/graph_record.py), not through torch's GraphPickler, which regenerates each graph's
+    code and maps every node through pytree (seconds per optimizer step of a GPT); a warm run
+    rebuilds them from it."""
+    from torch.fx._graph_pickler import GraphPickler
+
+    from torch_tpu.compile import aot_cache
+
+    stored, pickled = [], []
+    prepare = aot_cache.GraphOutput.prepare_for_serialization
+    dumps = GraphPickler.dumps
+
+    def keep(self):
+        nodes = len(self.gm.graph.nodes)
+        prepare(self)
+        stored.append((self.kind, nodes, self))
+
+    monkeypatch.setattr(aot_cache.GraphOutput, "prepare_for_serialization", keep)
+    monkeypatch.setattr(GraphPickler, "dumps", classmethod(lambda cls, *a, **k: pickled.append(1) or dumps(*a, **k)))
+    cold = _train("tpu", {})
+    assert sorted(kind for kind, _, _ in stored) == ["backward", "forward", "inference"]
+    assert not pickled, "a graph went through GraphPickler"
+    for kind, nodes, output in stored:
+        assert output.pickled_graph is None and len(output.graph_record) == nodes, kind
+    (step,) = [output for kind, _, output in stored if kind == "inference"]
+    targets = {target[2] for _, _, target, _, _ in step.graph_record if target[0] == "op"}
+    assert {"_foreach_mul", "_foreach_addcmul", "copy_"} <= targets
+
+    torch._dynamo.reset()
+    warm = _train("tpu", {})
+    assert _aot_counts()["loaded"] == 3
+    assert warm == cold
+
+
 def test_other_compile_options_miss(torch_cache):
     _train("tpu", {})
     before = _aot_counts()

@@ -33,8 +33,8 @@ from torch.fx import GraphModule
 from torch.utils._mode_utils import no_dispatch
 
 from torch_tpu import metrics
+from torch_tpu.compile import graph_record, saved_layouts
 from torch_tpu.compile import options as compile_options
-from torch_tpu.compile import saved_layouts
 from torch_tpu.compile.graph import GraphRunner
 from torch_tpu.runtime import executable_cache, persistent_cache
 
@@ -60,16 +60,19 @@ class GraphOutput(OutputCode):
         self.gm: GraphModule | None = gm
         name = f"{kind}{next(graph_ids)}"
         self.runner: GraphRunner | None = GraphRunner(gm, name, options, saved_outputs=saved_outputs)
-        self.pickled_graph: bytes | None = None
+        self.graph_record: tuple | None = None  # the graph as plain data (graph_record.py), or
+        self.pickled_graph: bytes | None = None  # as GraphPickler's bytes
         self.fake_values: list | None = None  # the nodes' fake values as _described, or in pickled_graph
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         return self.runner(inputs)
 
     def prepare_for_serialization(self) -> None:
-        """Called on a shallow copy before torch pickles it: the graph as bytes, no runner. Fake
-        values of static shape are kept as their metadata (`_described`): torch's pickler of fake
-        tensors costs about a second per thousand nodes to load."""
+        """Called on a shallow copy before torch pickles it: the graph as data, no runner. Where
+        every node's fake value is of static shape (`_described`) and the graph holds only plain
+        arguments, it is kept as tuples (graph_record.py); else as GraphPickler's bytes, fake values
+        as metadata where they can be (torch's pickler of fake tensors costs about a second per
+        thousand nodes to load)."""
         from torch.fx._graph_pickler import GraphPickler, Options
 
         described = [_described(node.meta.get("val")) for node in self.gm.graph.nodes]
@@ -77,14 +80,16 @@ class GraphOutput(OutputCode):
             self.pickled_graph = GraphPickler.dumps(self.gm, Options(ops_filter=None))
             self.fake_values = None
         else:
-            options = Options(ops_filter=None, node_metadata_key_filter=lambda key: False)
-            self.pickled_graph = GraphPickler.dumps(self.gm, options)
+            self.graph_record = graph_record.encode(self.gm)
+            if self.graph_record is None:
+                options = Options(ops_filter=None, node_metadata_key_filter=lambda key: False)
+                self.pickled_graph = GraphPickler.dumps(self.gm, options)
             self.fake_values = described
         self.gm = None
         self.runner = None
 
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
-        """After a load: the graph back from its bytes (fake values in the caller's fake mode)."""
+        """After a load: the graph back from its data (fake values in the caller's fake mode)."""
         if self.runner is not None:
             return
         from torch._guards import detect_fake_mode
@@ -92,11 +97,15 @@ class GraphOutput(OutputCode):
         from torch.fx._graph_pickler import GraphPickler
 
         fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode()
-        gm = GraphPickler.loads(self.pickled_graph, fake_mode)
+        if self.graph_record is not None:
+            gm = graph_record.decode(self.graph_record)
+        else:
+            gm = GraphPickler.loads(self.pickled_graph, fake_mode)
         if self.fake_values is not None:
             for node, value in zip(gm.graph.nodes, self.fake_values, strict=True):
                 node.meta["val"] = _fake_of(value, fake_mode)
-        gm.recompile()
+        if self.graph_record is None:
+            gm.recompile()
         self.gm = gm
         name = f"{self.kind}{next(graph_ids)}"
         self.runner = GraphRunner(gm, name, self.options, saved_outputs=self.saved_outputs)
