@@ -20,6 +20,7 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule
 
 from torch_tpu import debug, platforms
+from torch_tpu.compile import full_collections
 from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import registry
 
@@ -199,8 +200,9 @@ def tpu_backend(gm: GraphModule, example_inputs, mode: str | None = None, option
     _log_recompile(example_inputs)
     from torch_tpu.compile import aot_cache
 
+    full_collections.install()  # for the frames dynamo compiles next (a reset drops it)
     # a warm process loads aot_autograd's result (compile/aot_cache.py)
-    with aot_cache.settings(parsed), _partitioner_settings(parsed):
+    with aot_cache.settings(parsed), _partitioner_settings(parsed), full_collections.window():
         return _aot(parsed)(gm, example_inputs)
 
 
@@ -221,6 +223,7 @@ def register() -> None:
 
     inductor_route.install()
     optimizer_capturable.install()
+    full_collections.install()
     _registered = True
 
 

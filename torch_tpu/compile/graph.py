@@ -40,7 +40,7 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
 
 from torch_tpu import _C, debug, metrics, platforms
-from torch_tpu.compile import async_compile, buckets, donation, saved_layouts
+from torch_tpu.compile import async_compile, buckets, donation, full_collections, saved_layouts
 from torch_tpu.compile import options as compile_options
 from torch_tpu.device import memory
 from torch_tpu.ops import checks, deferred_checks, precision, registry, schema, storage_locks, tensors
@@ -314,7 +314,8 @@ class Segment:
                 return outs
             exe = self.executables[signature]
         elif exe is None:
-            exe = self._compile(values, dyn, signature, device)
+            with full_collections.window():
+                exe = self._compile(values, dyn, signature, device)
         else:
             metrics.bump("graph_cache_hits")
         if exe.donated:
