@@ -403,32 +403,34 @@ def _leaf_key(x):
 
 def flush() -> None:
     """Runs the recorded ops as one executable and resolves every live pending buffer."""
-    global _trace
     _join_background()
     with _lock:
-        trace = _trace
-        if trace is None:
-            return
-        _trace = None
-        outputs = [v for v, ref in enumerate(trace.values) if ref() is not None]
-        if outputs:
-            _run(trace, outputs, _donatable(trace, outputs))
+        ended = _end_trace()
+        if ended is not None:
+            _run(*ended)
 
 
 def run_in_background() -> None:
     """Ends the trace and runs it on a worker thread, as `flush` would: its compile overlaps what
     the host does next (dynamo tracing an optimizer step after creating its state). A read of one
     of its values, a new recording, `flush` and `sync` wait for it first, and raise its error."""
-    global _trace, _background
+    global _background
     _join_background()
     with _lock:
-        trace = _trace
-        if trace is None:
-            return
-        _trace = None
-        outputs = [v for v, ref in enumerate(trace.values) if ref() is not None]
-        if outputs:  # (chosen here: the host may drop references while the worker runs)
-            _background = _worker.submit(_run, trace, outputs, _donatable(trace, outputs))
+        ended = _end_trace()  # (its outputs chosen here: the host may drop references meanwhile)
+        if ended is not None:
+            _background = _worker.submit(_run, *ended)
+
+
+def _end_trace() -> tuple[_Trace, list[int], tuple[int, ...]] | None:
+    """Under _lock: the current trace taken out of recording, with the values still referenced
+    (its outputs) and the inputs it may donate; None where nothing recorded is referenced."""
+    global _trace
+    trace, _trace = _trace, None
+    if trace is None:
+        return None
+    outputs = [v for v, ref in enumerate(trace.values) if ref() is not None]
+    return (trace, outputs, _donatable(trace, outputs)) if outputs else None
 
 
 def _join_background() -> None:
