@@ -377,6 +377,10 @@ class Group:
                 row["warmup_s"].append(seconds)
                 if i == 0:
                     row["first_step_s"], row["first_step_counters"] = seconds, counts
+            if mode not in JAX_MODES:  # timed steps run heavy eager ops' default-effort executables
+                from torch_tpu.runtime import compile_queue
+
+                compile_queue.wait_idle()
         except Exception as error:
             failed = _failure(mode, error)
         finally:

@@ -20,6 +20,8 @@ _COUNTER_KEYS = (
     "host_tier_runs",
     "aot_graphs_compiled",  # graphs aot_autograd traced and handed the "tpu" backend
     "aot_cache_loads",  # graphs the backend rebuilt from torch's AOTAutogradCache instead
+    "op_tier_ups_queued",  # eager ops queued to compile again at XLA's default effort (ops/op_tier_up.py)
+    "op_tier_ups",  # of those, recompiled and in place
 )
 
 _counts: Counter[str] = Counter()

@@ -1,7 +1,7 @@
 """option "async_compile": a new input signature runs op by op while its executable compiles.
 
-The first call with a new signature submits the segment's compile to one
-background thread and evaluates the segment's nodes eagerly through the
+The first call with a new signature submits the segment's compile to the compile
+queue (runtime/compile_queue.py) and evaluates the segment's nodes eagerly through the
 dispatcher (counted in `async_eager_runs`); calls that arrive while the compile
 is pending do the same; the first call after it finishes uses the executable.
 Eager and compiled evaluation give the same numbers except for random ops,
@@ -18,8 +18,8 @@ import torch
 
 from torch_tpu import metrics
 from torch_tpu.compile import saved_layouts
+from torch_tpu.runtime import compile_queue
 
-_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch_tpu_compile")
 _pending: dict[tuple[int, tuple], concurrent.futures.Future] = {}
 
 
@@ -40,7 +40,7 @@ def run_while_compiling(segment, values: list, dyn: list, signature: tuple, devi
     future = _pending.get(key)
     if future is None:
         abstract = [_abstract(v) for v in dyn]
-        future = _pending[key] = _pool.submit(segment._compile, values, abstract, signature, device)
+        future = _pending[key] = compile_queue.submit(segment._compile, values, abstract, signature, device)
     if future.done():
         del _pending[key]
         future.result()  # a compile error surfaces here

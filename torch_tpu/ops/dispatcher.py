@@ -22,7 +22,7 @@ from torch._ops import OpOverload
 
 from torch_tpu import _C, debug, metrics, platforms
 from torch_tpu.device import memory
-from torch_tpu.ops import growing, host_tier_calls, precision, spmd, storage_locks, tensors, view_gathers
+from torch_tpu.ops import growing, host_tier_calls, op_tier_up, precision, spmd, storage_locks, tensors, view_gathers
 from torch_tpu.ops.checks import check_no_overlap, jax_value_checks_on
 from torch_tpu.ops.op_entries import (
     Call,
@@ -229,6 +229,9 @@ def make_kernel(
             if not loaded:
                 entry = build(plan, lowering, call, bound, aliases, persist)
             entry.persist = persist
+            if loaded and entry.quick:  # its recompile did not finish in the process that saved it
+                traceable = build(plan, lowering, call, bound, aliases).traceable
+                entry.run = op_tier_up.RecompileLoaded(entry, entry.run, lambda: traceable)
             if plan.out_names and _resize_out_args(plan, bound, entry):
                 return kernel(*args, **kwargs)
             _cache.put(key, entry)

@@ -72,7 +72,7 @@ def background_state(entry: Entry, kernel: tuple, call: Call, bound: list, alias
             entry.run, state = executable_cache.from_bytes(job.result)
         except Exception:  # not loadable here (a host callback): this call compiles it
             return "now"
-        _, _, entry.mutable_specs, entry.out_tree, entry.fresh_layout, entry.reads_precision = state
+        _, _, entry.mutable_specs, entry.out_tree, entry.fresh_layout, entry.reads_precision, entry.quick = state
     else:
         entry.run = job.result
     return "ready"

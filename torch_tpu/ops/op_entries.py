@@ -12,6 +12,7 @@ it back) and what wrapping its outputs needs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 
 from torch_tpu import _C, platforms
 from torch_tpu.ops import geometry as geo
-from torch_tpu.ops import precision, spmd
+from torch_tpu.ops import op_tier_up, precision, spmd
 from torch_tpu.ops.dtypes import NUMPY_TO_TORCH
 from torch_tpu.ops.geometry import check_no_internal_overlap
 from torch_tpu.ops.registry import Lowering
@@ -192,6 +193,7 @@ class Entry:
         "mutable_specs",
         "out_tree",
         "persist",
+        "quick",
         "reads_precision",
         "run",
         "traceable",
@@ -211,6 +213,7 @@ class Entry:
         self.persist = None  # its persistent key (None: not persisted); a lazy trace's key holds it
         self.mutable_specs = None  # (dtype, length) of each new mutable-arg buffer, set when traced
         self.reads_precision = True  # the trace read the matmul precision (set when traced)
+        self.quick = False  # compiled at low effort, to be recompiled at XLA's default (op_tier_up.py)
 
 
 def meta_leaf(m) -> bool:
@@ -363,7 +366,10 @@ def build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device,
     entry.traceable = executable_cache.LazyJit(run, **jit_kwargs)
     # Compiled at the first call (then kept on disk, if persist, with what the trace set).
     options = platforms.op_compile_options()
-    entry.run = executable_cache.FirstCall(entry.traceable, persist, lambda: entry_state(entry), entry, "run", options)
+    after = None if options is None else functools.partial(op_tier_up.after_first_compile, entry)
+    entry.run = executable_cache.FirstCall(
+        entry.traceable, persist, lambda: entry_state(entry), entry, "run", options, after
+    )
     return entry
 
 
@@ -382,14 +388,22 @@ def entry_state(entry: Entry) -> tuple:
     fresh = jax.tree_util.tree_map(
         lambda m: (tuple(m.shape), m.dtype, tuple(m.stride())), entry.fresh_meta, is_leaf=meta_leaf
     )
-    return fresh, entry.mutable_shapes, entry.mutable_specs, entry.out_tree, entry.fresh_layout, entry.reads_precision
+    return (
+        fresh,
+        entry.mutable_shapes,
+        entry.mutable_specs,
+        entry.out_tree,
+        entry.fresh_layout,
+        entry.reads_precision,
+        entry.quick,
+    )
 
 
 def load_entry(persist: str | None) -> Entry | None:
     found = executable_cache.load(persist)
     if found is None:
         return None
-    compiled, (fresh, mutable_shapes, mutable_specs, out_tree, fresh_layout, reads_precision) = found
+    compiled, (fresh, mutable_shapes, mutable_specs, out_tree, fresh_layout, reads_precision, quick) = found
     fresh_meta = jax.tree_util.tree_map(
         lambda s: torch.empty_strided(s[0], s[2], dtype=s[1], device="meta"),
         fresh,
@@ -397,7 +411,7 @@ def load_entry(persist: str | None) -> Entry | None:
     )
     entry = Entry(compiled, fresh_meta, mutable_shapes)
     entry.mutable_specs, entry.out_tree, entry.fresh_layout = mutable_specs, out_tree, fresh_layout
-    entry.reads_precision = reads_precision
+    entry.reads_precision, entry.quick = reads_precision, quick
     return entry
 
 

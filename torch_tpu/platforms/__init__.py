@@ -9,7 +9,8 @@ platform has lives in its subpackage:
   background compiles it waits on (background_compile.py), the compile worker process
   (compile_worker.py), the fast op-compile flags (compile_options.py).
 - tpu/: Mosaic's block rules for Pallas kernels (mosaic.py), libtpu's runtime metrics
-  (monitoring.py), the low-effort op-compile option (compile_options.py), jax's TPU lowering
+  (monitoring.py), the low-effort op-compile option and which ops are recompiled at XLA's default
+  effort (compile_options.py), jax's TPU lowering
   rules that build what XLA:TPU's 64-bit rewriting cannot compile, or computes wrongly, from what
   it can (x64_types.py: complex128 converts, abs, transposes and dots, 64-bit integer dots,
   float64 LU).
@@ -119,6 +120,18 @@ def op_compile_options() -> dict[str, Any] | None:
     else:
         return None
     return compile_options.op_compile_options()
+
+
+def op_tier_up(compiled) -> bool:
+    """Whether an eager op's executable, compiled with op_compile_options, is compiled again in
+    the background at XLA's default effort (ops/op_tier_up.py): on TPU, for an op with enough
+    device work that the low effort's slower program shows (tpu/compile_options.py). The CPU
+    client's fast-compile flags barely change the program: never there."""
+    if name() != "tpu":
+        return False
+    from torch_tpu.platforms.tpu import compile_options
+
+    return compile_options.op_tier_up(compiled)
 
 
 def autotune_flags() -> dict[str, Any]:

@@ -310,12 +310,20 @@ class FirstCall:
     """Stands in for an executable until its first call: lowers and compiles `jitted` for the
     call's arguments (with `options`, XLA compiler options), persists it with `meta()` (read
     after tracing), and puts the compiled executable at `owner.<attr>`, so later calls skip
-    this wrapper."""
+    this wrapper. `after(lowered, compiled)`, if given, runs after each compile, before the
+    executable is persisted (ops/op_tier_up.py)."""
 
-    __slots__ = ("attr", "jitted", "key", "meta", "options", "owner")
+    __slots__ = ("after", "attr", "jitted", "key", "meta", "options", "owner")
 
     def __init__(
-        self, jitted, key: str | None, meta: Callable[[], Any], owner: Any, attr: str, options: dict | None = None
+        self,
+        jitted,
+        key: str | None,
+        meta: Callable[[], Any],
+        owner: Any,
+        attr: str,
+        options: dict | None = None,
+        after: Callable[[Any, Any], None] | None = None,
     ):
         self.jitted = jitted
         self.key = key
@@ -323,16 +331,21 @@ class FirstCall:
         self.owner = owner
         self.attr = attr
         self.options = options
+        self.after = after
 
     def __call__(self, *args):
         compiled = self.compile(*args)
-        setattr(self.owner, self.attr, compiled)
+        if getattr(self.owner, self.attr) is self:  # not yet replaced by a recompile (op_tier_up)
+            setattr(self.owner, self.attr, compiled)
         return compiled(*args)
 
     def compile(self, *args):
         """Lowers and compiles for `args` (arrays, or their jax.ShapeDtypeStruct), persists and
         returns the executable; the owner keeps this stand-in (background compiles use this)."""
-        compiled = self.jitted.lower(*args).compile(compiler_options=self.options)
+        lowered = self.jitted.lower(*args)
+        compiled = lowered.compile(compiler_options=self.options)
+        if self.after is not None:
+            self.after(lowered, compiled)
         save(self.key, compiled, self.meta())
         return compiled
 
