@@ -353,6 +353,25 @@ def test_complex_rand_randn(dtype, no_fallbacks):
     assert not torch.equal(n.real.cpu(), n.imag.cpu())
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_fills_draw_both_parts_as_cpu_does(dtype, no_fallbacks):
+    """CPU fills a complex tensor through its real view: normal_'s mean goes to both parts, each
+    with half the variance; uniform_'s bounds hold for both. Also a strided tensor (a transpose)
+    and one whose storage is longer than it."""
+    base = torch.empty(N // 50, 100, device="tpu", dtype=dtype)
+    for x in (base, base.t(), base[:, 10:60]):
+        x.normal_(2.0, 3.0)
+        for part in (x.real, x.imag):
+            mean, std = _moments(part)
+            assert abs(mean - 2) < 0.15 and abs(std - 3 / math.sqrt(2)) < 0.15
+        x.uniform_(-3, 5)
+        parts = torch.view_as_real(x.cpu())
+        assert parts.min() >= -3 and parts.max() < 5
+        for part in (x.real, x.imag):
+            assert abs(_moments(part)[0] - 1) < 0.15
+    assert torch.view_as_real(base.cpu())[:, :10].abs().max() < 5  # outside the slice: the transpose's draw
+
+
 def test_normal_tensor_overloads(no_fallbacks):
     m = torch.full((N,), 4.0, device="tpu")
     s = torch.full((N,), 0.25, device="tpu")

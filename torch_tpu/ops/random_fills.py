@@ -69,17 +69,29 @@ def _meta_accepts(op, name: str, self: torch.Tensor, args: tuple, kwargs: tuple)
     return True
 
 
-def bucketed(fn: Callable, op) -> FrontPath:
+def _complex_fill(self) -> bool:
+    return isinstance(self, torch.Tensor) and self.device.type == "tpu" and self.is_complex() and not self.is_conj()
+
+
+def bucketed(fn: Callable, op, complex_parts: Callable | None = None) -> FrontPath:
     """The front path of in-place random fill `fn`, the lowering of `op` (it reads only self's
     shape and dtype, with Python-number arguments): calls on a fillable tensor draw through a
-    bucket."""
+    bucket. `complex_parts(parts, *args, generator=, **kwargs)`, if given, fills a complex
+    tensor as CPU defines it, through its real view (`torch.view_as_real`): its parts are drawn
+    as real numbers, and no executable draws complex numbers (on XLA:TPU, drawing complex128
+    parts and joining them in one program aborts the compile)."""
     name = f"{fn.__module__}.{fn.__qualname__}"
     _FILLS[name] = fn
 
     def takes(self, *args, generator=None, **kwargs) -> bool:
+        if complex_parts is not None and _complex_fill(self):
+            return True
         return _fillable(self) and all(_static(v) for v in (*args, *kwargs.values()))
 
     def run(self, *args, generator=None, **kwargs):
+        if complex_parts is not None and _complex_fill(self):
+            complex_parts(torch.view_as_real(self), *args, generator=generator, **kwargs)
+            return self
         statics = tuple(sorted(kwargs.items()))
         if not takes(self, *args, **kwargs) or not _meta_accepts(op, name, self, args, statics):
             return None

@@ -147,20 +147,31 @@ def _uniform(rng, shape, dtype) -> jnp.ndarray:
     return jax.random.uniform(rng, shape, opmath(dtype))
 
 
-def _fill(op, check=None):
+def _fill(op, check=None, complex_parts=None):
     """`@lower(op, random=True, check=check)` for an in-place fill that reads only self's shape and
-    dtype: small contiguous tensors draw through a length bucket (ops/random_fills.py)."""
+    dtype: small contiguous tensors draw through a length bucket, complex ones through their
+    real view with `complex_parts` (ops/random_fills.py)."""
 
     def register(fn):
-        return lower(op, random=True, check=check, front=random_fills.bucketed(fn, op))(fn)
+        return lower(op, random=True, check=check, front=random_fills.bucketed(fn, op, complex_parts))(fn)
 
     return register
+
+
+def _uniform_parts(parts, low=0.0, high=1.0, *, generator=None):
+    """CPU's complex uniform_: the real and the imaginary part each uniform in [low, high)."""
+    parts.uniform_(low, high, generator=generator)
+
+
+def _normal_parts(parts, mean=0.0, std=1.0, *, generator=None):
+    """CPU's complex normal_: each part normal with mean `mean` and half the variance."""
+    parts.normal_(mean, std / math.sqrt(2), generator=generator)
 
 
 # ---- in-place distributions -------------------------------------------------
 
 
-@_fill(aten.uniform_.default, check=_uniform_check)
+@_fill(aten.uniform_.default, check=_uniform_check, complex_parts=_uniform_parts)
 def uniform_(self, low=0.0, high=1.0, *, rng):
     require("check_uniform_bounds", self.dtype, bool_ok=False, int_ok=False)
     if low > high:
@@ -183,7 +194,7 @@ def uniform_(self, low=0.0, high=1.0, *, rng):
     return jnp.where(values >= jnp.asarray(high, self.dtype), top, values) if low < high else values
 
 
-@_fill(aten.normal_.default)
+@_fill(aten.normal_.default, complex_parts=_normal_parts)
 def normal_(self, mean=0.0, std=1.0, *, rng):
     return mean + std * jax.random.normal(rng, self.shape, opmath(self.dtype))
 
