@@ -42,7 +42,7 @@ def _diagnosis(executables: list[tuple]) -> str:
     """For a failure's message: the platform, which paths ran (torch_tpu's counters) and, for each
     (compiled, the temp bytes torch_tpu noted for it), XLA's memory analysis."""
     counters = torch_tpu.metrics.counters()
-    ran = ", ".join(f"{name} {counters[name]}" for name in COUNTERS)
+    ran = ", ".join(f"{name} {counters.get(name, 0)}" for name in COUNTERS)
     analyses = "; ".join(f"noted {noted}: {_analysis(compiled)}" for compiled, noted in executables)
     return f"platform {torch_tpu.platform()}; {ran}; {analyses or 'no executable'}"
 

@@ -8,6 +8,8 @@
 - Appends each test's start and outcome to TORCH_TPU_LANE_PROGRESS as it happens (tab-separated
   `start ID` and `done ID OUTCOME SECONDS REASON` lines), so a process that dies (XLA aborts on
   what it cannot compile) leaves the outcomes before it and names the test that killed it.
+- Appends each failure's whole report (its end, up to DETAIL_CHARS) to TORCH_TPU_LANE_DETAILS:
+  the results keep one line per failure, a diagnosis needs the rest.
 """
 
 from __future__ import annotations
@@ -64,9 +66,21 @@ def pytest_runtest_logstart(nodeid, location):
     _progress("start", junit_id(nodeid))
 
 
+DETAIL_CHARS = 8000
+
+
+def _detail(report) -> None:
+    path = os.environ.get("TORCH_TPU_LANE_DETAILS")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"===== {junit_id(report.nodeid)} ({report.when})\n{str(report.longrepr)[-DETAIL_CHARS:]}\n")
+
+
 def pytest_runtest_logreport(report):
     state = _tests.setdefault(report.nodeid, ["passed", 0.0, ""])
     state[1] += report.duration
+    if report.failed:
+        _detail(report)
     if report.failed and state[0] != "failed":
         state[0], state[2] = "failed", _reason(report)
     elif report.skipped and state[0] == "passed":
