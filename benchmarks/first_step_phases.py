@@ -51,6 +51,11 @@ CATEGORIES = (
 )
 
 
+def _leaf(frames: list[str], depth: int = 3) -> str:
+    """The innermost `depth` frames, as "file:function" with the file's last two path parts."""
+    return " < ".join("/".join(f.split("/")[-2:]) for f in frames[:depth])
+
+
 def _category(frames: list[str]) -> str:
     for name, needs in CATEGORIES:
         if all(any(n in f for f in frames) for n in needs):
@@ -64,6 +69,7 @@ class Sampler:
     def __init__(self, interval: float):
         self.interval = interval
         self.seconds: collections.Counter = collections.Counter()
+        self.leaves: collections.Counter = collections.Counter()  # (thread, category, innermost frames)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="phase_sampler")
 
@@ -96,6 +102,7 @@ class Sampler:
                 if ident not in names:
                     names[ident] = next((t.name for t in threading.enumerate() if t.ident == ident), "autograd")
                 self.seconds[(names[ident], category)] += dt
+                self.leaves[(names[ident], category, _leaf(frames))] += dt
 
 
 def _timed(obj, name: str, label: str, events: list, t0: list) -> None:
@@ -147,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tpu_training.py's tiny models")
     parser.add_argument("--interval-ms", type=float, default=5.0)
     parser.add_argument("--min-seconds", type=float, default=0.05, help="timeline: calls at least this long")
+    parser.add_argument(
+        "--leaves", type=int, default=0, help="the innermost frames of the main thread's N largest categories"
+    )
     args = parser.parse_args(argv)
     cache = tempfile.mkdtemp(prefix="first_step_phases_")
     os.environ.setdefault("TORCH_TPU_CACHE_DIR", cache)
@@ -187,9 +197,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {thread}: {sum(split.values()):.2f} s ({ours:.2f} s in torch_tpu's own code)")
         for category, seconds in sorted(split.items(), key=lambda kv: -kv[1]):
             print(f"    {seconds:8.2f}  {category}")
+    if args.leaves:
+        _print_leaves(sampler, by_thread.get("MainThread", {}), args.leaves)
     counters = torch_tpu.metrics.counters()
     print("\ncounters:", {k: counters.get(k, 0) for k in ("xla_compiles", "graph_compiles", "executions", "lazy_runs")})
     return 0
+
+
+def _print_leaves(sampler: Sampler, split: dict, n: int) -> None:
+    """For the main thread's `n` largest categories, where their samples were (innermost frames)."""
+    for category, seconds in sorted(split.items(), key=lambda kv: -kv[1])[:n]:
+        leaves = [
+            (leaf, s) for (thread, cat, leaf), s in sampler.leaves.items() if thread == "MainThread" and cat == category
+        ]
+        print(f"\n  {category} ({seconds:.2f} s), innermost frames:")
+        for leaf, s in sorted(leaves, key=lambda kv: -kv[1])[:12]:
+            print(f"    {s:7.2f}  {leaf}")
 
 
 if __name__ == "__main__":
