@@ -20,6 +20,7 @@ def main() -> int:
     parser.add_argument("--memory-effort", type=float, default=None, help="memory_fitting_effort in [-1, 1]")
     parser.add_argument("--flags", default="", help="appended to XLA_FLAGS")
     parser.add_argument("--repeats", type=int, default=3, help="distinct executables compiled per op kind")
+    parser.add_argument("--x64", action="store_true", help="jax_enable_x64, as torch_tpu runs (int64 indices)")
     args = parser.parse_args()
     if args.flags:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.flags).strip()
@@ -32,6 +33,7 @@ def main() -> int:
     if args.memory_effort is not None:
         options["memory_fitting_effort"] = args.memory_effort
     jax.config.update("jax_compilation_cache_dir", None)
+    jax.config.update("jax_enable_x64", args.x64)
     key = jax.random.key(0)
     x = jax.random.normal(key, (64, 512))
     image = jax.random.normal(key, (8, 64, 56, 56), jnp.bfloat16)
@@ -57,6 +59,9 @@ def main() -> int:
         "conv_b128": (conv, (big_image, kernel)),
         "conv_b128_weight_grad": (jax.grad(lambda a, k: conv(a, k).astype(jnp.float32).sum(), 1), (big_image, kernel)),
         "matmul_4096_bf16": (lambda a: a @ a, (big,)),
+        # data-dependent shapes: torch's nonzero and masked_select compile per result length
+        "nonzero_3x4": (lambda a: jnp.stack(jnp.nonzero(a > 0, size=6), 1), (x[:3, :4],)),
+        "masked_select_3x4": (lambda a: a.reshape(-1)[jnp.nonzero(a.reshape(-1) > 0, size=6)[0]], (x[:3, :4],)),
     }
     print(f"options {options or 'XLA defaults'}, XLA_FLAGS {args.flags!r}, {jax.devices()[0].device_kind}")
     total = 0.0
