@@ -526,6 +526,31 @@ def test_nonzero_masked_select(dtype):
     same(lambda x: torch.nonzero_static(x, size=15), x)
 
 
+def test_nonzero_and_masked_select_compile_once_per_length_bucket():
+    """Each count of true elements is a result length: one executable serves every count in a
+    length bucket (16 here), and the results are exactly CPU's, also after further ops."""
+    from torch_tpu.ops.lowerings import indexing
+
+    x = torch.randn(4, 4)
+    t = x.to("tpu")
+    before = (len(indexing._nonzero._compiled), len(indexing._masked_select._compiled))
+    for count in range(1, 16):
+        mask = torch.zeros(16, dtype=torch.bool)
+        mask[torch.randperm(16)[:count]] = True
+        mask = mask.reshape(4, 4)
+        m = mask.to("tpu")
+        coords, picked = m.nonzero(), t.masked_select(m)
+        assert coords.shape == (count, 2) and picked.shape == (count,)
+        assert torch.equal(coords.cpu(), mask.nonzero()) and torch.equal(picked.cpu(), x.masked_select(mask))
+        assert torch.equal((picked * 2).cpu(), x.masked_select(mask) * 2)
+        assert torch.equal(t[m].cpu(), x[mask])
+    after = (len(indexing._nonzero._compiled), len(indexing._masked_select._compiled))
+    assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1, (before, after)
+    with torch_tpu.eager_mode(False):  # lazy recording keeps exact lengths
+        picked = t.masked_select(t > 0)
+    assert torch.equal(picked.cpu(), x.masked_select(x > 0))
+
+
 def test_masked_scatter_and_grad():
     x, src = torch.randn(3, 4), torch.randn(12)
     m = torch.rand(3, 4) > 0.5

@@ -182,8 +182,14 @@ def cat(tensors_, dim=0) -> torch.Tensor | None:
     flat = _append(tensors.buffer_of(a), tensors.buffer_of(b), a_len, *statics)
     sizes = list(a.shape)
     sizes[dim] = out_len
-    out = _C._wrap(flat, sizes, a.dtype, device)
-    _C._set_buffer(out, flat, a.dtype, flat.size)  # the buffer is longer than the storage
+    return wrap_prefix(flat, sizes, a.dtype, device)
+
+
+def wrap_prefix(flat, sizes: list[int], dtype: torch.dtype, device: int) -> torch.Tensor:
+    """A contiguous tpu tensor of `sizes` whose elements are the first of flat buffer `flat`,
+    which may be longer (a bucketed tensor)."""
+    out = _C._wrap(flat, sizes, dtype, device)
+    _C._set_buffer(out, flat, dtype, flat.size)  # the buffer may be longer than the storage
     return out
 
 

@@ -9,7 +9,8 @@ compute it inside the executable and raise the same error after it runs.
 
 Data-dependent shapes (nonzero, masked_select, bool-mask indexing, unique) are
 eager: they count on the device, bring the count to the host, and run a jitted
-function with that static size.
+function with that static size; nonzero and masked_select at the count's length bucket
+(ops/growing.py: one executable for every count in it), with positions in int32.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from jax import lax
 from torch._prims_common import alert_not_deterministic
 
 from torch_tpu import metrics
-from torch_tpu.ops import dispatcher
+from torch_tpu.ops import dispatcher, growing
 from torch_tpu.ops.checks import Failure, check_ranges, first_outside, range_check, to_host
 from torch_tpu.ops.dtypes import narrow_indices, type_name
 from torch_tpu.ops.promotion import cast
@@ -385,19 +386,53 @@ def count_true(x, shape: tuple[int, ...] | None = None) -> int:
     return int(to_host(_count(x, shape)))
 
 
+# Flat positions fit int32 below this many elements: TPU has no 64-bit units, and int64 cumsums
+# and scatters are emulated there.
+_INT32_POSITIONS = 2**31 - 1
+
+
+def _true_positions(keep, size: int):
+    """The flat positions of the true elements of bool vector `keep`, in order, `size` of them
+    (past the count: keep.size), in int32 where they fit, else as jnp.nonzero gives them."""
+    n = keep.size
+    if n >= _INT32_POSITIONS:
+        return jnp.nonzero(keep, size=size, fill_value=n)[0]
+    rank = jnp.cumsum(keep, dtype=jnp.int32) - 1
+    slot = jnp.where(keep, rank, size)  # past the end: dropped
+    return jnp.full((size,), n, jnp.int32).at[slot].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+
+
+def _coordinates(x, size: int, fill_value=None):
+    """[size, x.ndim] int64: the coordinates of x's nonzero elements in row-major order, the rows
+    past the count `fill_value` (None: unspecified)."""
+    pos = _true_positions((x != 0).reshape(-1), size)
+    coords = jnp.stack(jnp.unravel_index(jnp.minimum(pos, max(x.size - 1, 0)), x.shape), axis=1)
+    if fill_value is not None:
+        coords = jnp.where((pos < x.size)[:, None], coords, fill_value)
+    return coords.astype(jnp.int64)
+
+
 @functools.partial(executable_cache.jit, static_argnames=("size",))
 def _nonzero(x, size):
     if x.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
-    coords = jnp.nonzero(x != 0, size=size)
-    return jnp.stack(coords, axis=1).astype(jnp.int64)
+    return _coordinates(x, size).reshape(-1)
+
+
+def _bucketed(count: int, active: bool) -> int:
+    """The length to compute a data-dependent result of `count` rows at: its length bucket, so
+    one executable serves every count in it (ops/growing.py); exact under lazy recording or SPMD."""
+    return growing.bucket(count) if active else count
 
 
 def _nonzero_of(t: torch.Tensor) -> torch.Tensor:
     x = to_jax(t)
-    size = count_true(x)
+    count = count_true(x)
     metrics.bump("executions")
-    return from_jax(_nonzero(x, size), t.device.index)
+    if t.dim() == 0:
+        return from_jax(_nonzero(x, count), t.device.index)
+    size = _bucketed(count, growing.active())
+    return growing.wrap_prefix(_nonzero(x, size), [count, t.dim()], torch.int64, t.device.index)
 
 
 @lower(aten.nonzero.default, eager=True)
@@ -409,8 +444,7 @@ def nonzero(self):
 def nonzero_static(x, *, size, fill_value=-1):
     if x.ndim == 0:
         return jnp.full((size, 0), fill_value, jnp.int64)
-    coords = jnp.nonzero(x != 0, size=size, fill_value=fill_value)
-    return jnp.stack(coords, axis=1).astype(jnp.int64)
+    return _coordinates(x, size, fill_value)
 
 
 def _same_device(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -428,7 +462,9 @@ def _same_device(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 def _masked_select(x, mask, shape, size):
     flat = jnp.broadcast_to(x, shape).reshape(-1)
     keep = jnp.broadcast_to(mask, shape).reshape(-1)
-    return flat[jnp.nonzero(keep, size=size)[0]]
+    if not flat.size:
+        return jnp.zeros((size,), flat.dtype)
+    return flat[jnp.minimum(_true_positions(keep, size), flat.size - 1)]  # past the count: unread
 
 
 @lower(aten.masked_select.default, eager=True)
@@ -438,9 +474,10 @@ def masked_select(self, mask):
     mask = _same_device(self, mask)
     shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))
     x, m = to_jax(self), to_jax(mask)
-    size = count_true(m, shape)
+    count = count_true(m, shape)
     metrics.bump("executions")
-    return from_jax(_masked_select(x, m, shape, size), self.device.index)
+    size = _bucketed(count, growing.active())
+    return growing.wrap_prefix(_masked_select(x, m, shape, size), [count], self.dtype, self.device.index)
 
 
 def _masked_scatter(x, mask, source):
