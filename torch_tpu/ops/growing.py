@@ -17,7 +17,9 @@ What is bucketed (counted in metrics as "length_bucketed_ops", first calls per b
   along `dim` (an append), or is already bucketed;
 - the fused SDPA forward when its key and value are bucketed (kernels/attention_math.py);
 - pointwise ops whose tensors are bucketed tensors of one shape (0-dim tensors aside), over the
-  whole padded buffers (the dispatcher calls `flatten_pointwise` / `unflatten_result`).
+  whole padded buffers (the dispatcher calls `flatten_pointwise` / `unflatten_result`);
+- the results of nonzero and masked_select, computed at their count's bucket
+  (ops/lowerings/indexing.py, `wrap_prefix`).
 Not under lazy recording or SPMD placement, which keep exact shapes.
 """
 
