@@ -93,6 +93,13 @@ def _cases() -> dict[str, tuple[Callable[[], Callable[[int], torch.Tensor]], Cal
             lambda i, x, w, b: F.layer_norm(x, (768,), w, b),
             _jax_layer_norm,
         ),
+        # the same layer norm in jax returning its mean and rstd too, as aten's native_layer_norm
+        # does: how much of layer_norm's gap is the two extra outputs
+        "layer_norm_3_outputs": both(
+            lambda: [rand(4, 1024, 768), rand(768), rand(768)],
+            lambda i, x, w, b: F.layer_norm(x, (768,), w, b),
+            _jax_layer_norm_3_outputs,
+        ),
         "sum_dim": both(lambda: [rand(4096, 1024)], lambda i, x: x.sum(-1), lambda x: x.sum(-1)),
         "embedding": both(
             lambda: [torch.randint(0, 50304, (4, 1024)), rand(50304, 768)],
@@ -113,6 +120,12 @@ def _jax_layer_norm(x, w, b):
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
     return (x - mean) * jax.lax.rsqrt(var + 1e-5) * w + b
+
+
+def _jax_layer_norm_3_outputs(x, w, b):
+    mean = x.mean(-1, keepdims=True)
+    rstd = jax.lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+    return (x - mean) * rstd * w + b, mean, rstd
 
 
 def _jax_dtype(dtype: torch.dtype):
