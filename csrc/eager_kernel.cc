@@ -655,6 +655,7 @@ class OpState {
 
  public:
   static void clear_all();
+  static void clear_named(const std::string& label);
 
  private:
   std::string name_;
@@ -677,6 +678,14 @@ std::vector<OpState*>& all_ops() {
 void OpState::clear_all() {
   for (OpState* op : all_ops()) {
     op->clear();
+  }
+}
+
+void OpState::clear_named(const std::string& label) {
+  for (OpState* op : all_ops()) {
+    if (op->name() == label) {
+      op->clear();
+    }
   }
 }
 
@@ -823,6 +832,7 @@ void init_eager_kernels(py::module_& m) {
   m.def("_set_matmul_precision_override", [](std::optional<int> level) { g_precision_override = level.value_or(-1); },
         py::arg("level"));
   m.def("_clear_eager_entries", [] { OpState::clear_all(); });
+  m.def("_clear_eager_entries_of", [](const std::string& label) { OpState::clear_named(label); }, py::arg("label"));
   m.def("_eager_entry_count", [] { return g_entry_count; });
   m.def("_eager_counters", [] {
     return py::make_tuple(g_hits.load(std::memory_order_relaxed), g_executions.load(std::memory_order_relaxed),

@@ -5,10 +5,12 @@ by the next. Which ops qualify is TPU's decision (platforms.op_tier_up); here ev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -30,14 +32,30 @@ def every_op_tiers_up(monkeypatch):
     monkeypatch.setattr(platforms, "op_tier_up", lambda compiled: True)
 
 
+@contextlib.contextmanager
+def monkeypatch_declining():
+    """The tier-up policy declines inside (an op compiled here compiles once)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(platforms, "op_tier_up", lambda compiled: False)
+        yield
+
+
 def test_the_recompiled_executable_replaces_the_quick_one(every_op_tiers_up):
     a, b = torch.randn(67, 33), torch.randn(33, 29)  # shapes no other test compiles
     x, y = a.to("tpu"), b.to("tpu")
+    with monkeypatch_declining():
+        z = x + 1  # another op's entry on the C++ path, which stays
+    gate = threading.Event()
+    compile_queue.submit(gate.wait, _TIMEOUT)  # the recompile waits behind it
     first = (x @ y).cpu()
     assert metrics.counters()["op_tier_ups_queued"] == 1
+    assert torch.equal((x @ y).cpu(), first)  # the quick executable, now on the C++ path
+    entries = _C._eager_entry_count()
+    gate.set()
     compile_queue.wait_idle()
     assert metrics.counters()["op_tier_ups"] == 1
-    assert _C._eager_entry_count() == 0  # the C++ path dropped the quick executable
+    assert _C._eager_entry_count() == entries - 1  # the C++ path dropped the quick matmul only
+    torch.testing.assert_close((x + 1).cpu(), z.cpu())
     runs = [(x @ y).cpu() for _ in range(3)]  # the Python path, then the C++ path, with the new one
     torch.testing.assert_close(first, a @ b)
     for again in runs:

@@ -366,7 +366,7 @@ def build_from(plan: OpPlan, lowering: Lowering, template: list, factory_device,
     entry.traceable = executable_cache.LazyJit(run, **jit_kwargs)
     # Compiled at the first call (then kept on disk, if persist, with what the trace set).
     options = platforms.op_compile_options()
-    after = None if options is None else functools.partial(op_tier_up.after_first_compile, entry)
+    after = None if options is None else functools.partial(op_tier_up.after_first_compile, plan.label, entry)
     entry.run = executable_cache.FirstCall(
         entry.traceable, persist, lambda: entry_state(entry), entry, "run", options, after
     )

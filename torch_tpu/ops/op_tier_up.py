@@ -20,20 +20,21 @@ from torch_tpu import _C, metrics, platforms
 from torch_tpu.runtime import compile_queue, executable_cache
 
 
-def after_first_compile(entry, lowered, compiled) -> None:
-    """Called when `entry`'s executable `compiled` was compiled from `lowered` with the low-effort
-    options: marks it quick and queues its recompile where platforms.op_tier_up says so."""
+def after_first_compile(label: str, entry, lowered, compiled) -> None:
+    """Called when the executable `compiled` of op `label`'s `entry` was compiled from `lowered`
+    with the low-effort options: marks it quick and queues its recompile where
+    platforms.op_tier_up says so."""
     if platforms.op_tier_up(compiled):
         entry.quick = True
-        _queue(entry, lowered)
+        _queue(label, entry, lowered)
 
 
-def _queue(entry, lowered) -> None:
+def _queue(label: str, entry, lowered) -> None:
     metrics.bump("op_tier_ups_queued")
-    compile_queue.submit(_recompile, entry, lowered, priority=compile_queue.SPEED_UP)
+    compile_queue.submit(_recompile, label, entry, lowered, priority=compile_queue.SPEED_UP)
 
 
-def _recompile(entry, lowered) -> None:
+def _recompile(label: str, entry, lowered) -> None:
     """On the compile thread: compiles at XLA's default effort and puts the result in place."""
     from torch_tpu.ops.op_entries import entry_state
 
@@ -42,7 +43,7 @@ def _recompile(entry, lowered) -> None:
     executable_cache.save(entry.persist, compiled, entry_state(entry))
     entry.run = compiled
     entry.fast = None  # the C++ path's direct call was the quick executable's
-    _C._clear_eager_entries()  # the C++ path holds the quick one: its next call takes the new one
+    _C._clear_eager_entries_of(label)  # the C++ path's entries of this op: its next call takes the new one
     metrics.bump("op_tier_ups")
 
 
@@ -51,14 +52,14 @@ class RecompileLoaded:
     runs it, lowers the op again for the call's arguments (`make_traceable()`: the op's jitted
     lowering) and queues the recompile."""
 
-    __slots__ = ("compiled", "entry", "make_traceable")
+    __slots__ = ("compiled", "entry", "label", "make_traceable")
 
-    def __init__(self, entry, compiled, make_traceable: Callable):
-        self.entry, self.compiled, self.make_traceable = entry, compiled, make_traceable
+    def __init__(self, label: str, entry, compiled, make_traceable: Callable):
+        self.label, self.entry, self.compiled, self.make_traceable = label, entry, compiled, make_traceable
 
     def __call__(self, *args):
         result = self.compiled(*args)
         if self.entry.run is self:
             self.entry.run = self.compiled
-        _queue(self.entry, self.make_traceable().lower(*args))
+        _queue(self.label, self.entry, self.make_traceable().lower(*args))
         return result
