@@ -154,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tpu_training.py's tiny models")
     parser.add_argument("--interval-ms", type=float, default=5.0)
     parser.add_argument("--min-seconds", type=float, default=0.05, help="timeline: calls at least this long")
+    parser.add_argument("--cache-dir", help="the compile caches' folder (default: a fresh one); twice for a warm start")
     parser.add_argument(
         "--leaves", type=int, default=0, help="the innermost frames of the main thread's N largest categories"
     )
     args = parser.parse_args(argv)
-    cache = tempfile.mkdtemp(prefix="first_step_phases_")
+    cache = args.cache_dir or tempfile.mkdtemp(prefix="first_step_phases_")
     os.environ.setdefault("TORCH_TPU_CACHE_DIR", cache)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache, "torch"))
     sys.path.insert(0, str(HERE))
