@@ -528,12 +528,14 @@ def test_nonzero_masked_select(dtype):
 
 def test_nonzero_and_masked_select_compile_once_per_length_bucket():
     """Each count of true elements is a result length: one executable serves every count in a
-    length bucket (16 here), and the results are exactly CPU's, also after further ops."""
+    length bucket (16 here), and the results are exactly CPU's, also after further ops; `x[mask]`
+    likewise, for rows too."""
     from torch_tpu.ops.lowerings import indexing
 
     x = torch.randn(4, 4)
     t = x.to("tpu")
-    before = (len(indexing._nonzero._compiled), len(indexing._masked_select._compiled))
+    jits = (indexing._nonzero, indexing._masked_select, indexing._mask_rows)
+    before = [len(j._compiled) for j in jits]
     for count in range(1, 16):
         mask = torch.zeros(16, dtype=torch.bool)
         mask[torch.randperm(16)[:count]] = True
@@ -544,8 +546,14 @@ def test_nonzero_and_masked_select_compile_once_per_length_bucket():
         assert torch.equal(coords.cpu(), mask.nonzero()) and torch.equal(picked.cpu(), x.masked_select(mask))
         assert torch.equal((picked * 2).cpu(), x.masked_select(mask) * 2)
         assert torch.equal(t[m].cpu(), x[mask])
-    after = (len(indexing._nonzero._compiled), len(indexing._masked_select._compiled))
-    assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1, (before, after)
+        assert torch.equal(t.t()[m].cpu(), x.t()[mask])  # a strided self
+    after = [len(j._compiled) for j in jits]
+    assert all(a - b <= 1 for a, b in zip(after, before)), (before, after)
+    rows, row_mask = torch.randn(5, 3, 2), torch.tensor([True, False, True, True, False])
+    for i in range(1, 5):
+        keep = torch.arange(5) < i
+        assert torch.equal(rows.to("tpu")[keep.to("tpu")].cpu(), rows[keep])
+    assert torch.equal(rows.to("tpu")[row_mask.to("tpu")].sum(0).cpu(), rows[row_mask].sum(0))
     with torch_tpu.eager_mode(False):  # lazy recording keeps exact lengths
         picked = t.masked_select(t > 0)
     assert torch.equal(picked.cpu(), x.masked_select(x > 0))

@@ -9,8 +9,8 @@ compute it inside the executable and raise the same error after it runs.
 
 Data-dependent shapes (nonzero, masked_select, bool-mask indexing, unique) are
 eager: they count on the device, bring the count to the host, and run a jitted
-function with that static size; nonzero and masked_select at the count's length bucket
-(ops/growing.py: one executable for every count in it), with positions in int32.
+function with that static size; nonzero, masked_select and `x[mask]` at the count's length
+bucket (ops/growing.py: one executable for every count in it), with positions in int32.
 """
 
 from __future__ import annotations
@@ -603,9 +603,37 @@ def index_failures(x, indices, *args, **kwargs) -> list[Failure]:
 _index_kernel = dispatcher.make_kernel(aten.index.Tensor, Lowering(_index), False)
 
 
+def _leading_mask(self: torch.Tensor, indices) -> torch.Tensor | None:
+    """The mask of `self[mask]`: one tpu bool tensor indexing self's leading dims, else None."""
+    if len(indices) != 1 or not growing.active():
+        return None
+    mask = indices[0]
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != self.device:
+        return None
+    if not 0 < mask.dim() <= self.dim() or tuple(mask.shape) != tuple(self.shape[: mask.dim()]):
+        return None  # _prepare_indices raises CPU's error
+    return mask
+
+
+@functools.partial(executable_cache.jit, static_argnames=("lead", "size"))
+def _mask_rows(x, mask, lead, size):
+    """The rows of x (its dims past `lead`) where `mask` is true, `size` of them, flat."""
+    rows = x.reshape((-1, *x.shape[lead:]))
+    if not rows.shape[0]:
+        return jnp.zeros((size, *rows.shape[1:]), x.dtype).reshape(-1)
+    return rows[jnp.minimum(_true_positions(mask.reshape(-1), size), rows.shape[0] - 1)].reshape(-1)
+
+
 @lower(aten.index.Tensor, eager=True, graph=_index, check=Check(graph=index_failures))
 def index(self, indices):
     _warn_byte_indices(indices)
+    mask = _leading_mask(self, indices)
+    if mask is not None:  # self[mask]: at the count's length bucket
+        m = to_jax(mask)
+        count = count_true(m)
+        metrics.bump("executions")
+        rows = _mask_rows(to_jax(self), m, mask.dim(), growing.bucket(count))
+        return growing.wrap_prefix(rows, [count, *self.shape[mask.dim() :]], self.dtype, self.device.index)
     return _index_kernel(self, _prepare_indices(self, indices))
 
 
