@@ -47,11 +47,13 @@ def test_the_recompiled_executable_replaces_the_quick_one(every_op_tiers_up):
         z = x + 1  # another op's entry on the C++ path, which stays
     gate = threading.Event()
     compile_queue.submit(gate.wait, _TIMEOUT)  # the recompile waits behind it
-    first = (x @ y).cpu()
-    assert metrics.counters()["op_tier_ups_queued"] == 1
-    assert torch.equal((x @ y).cpu(), first)  # the quick executable, now on the C++ path
-    entries = _C._eager_entry_count()
-    gate.set()
+    try:
+        first = (x @ y).cpu()
+        assert metrics.counters()["op_tier_ups_queued"] == 1
+        assert torch.equal((x @ y).cpu(), first)  # the quick executable, now on the C++ path
+        entries = _C._eager_entry_count()
+    finally:
+        gate.set()
     compile_queue.wait_idle()
     assert metrics.counters()["op_tier_ups"] == 1
     assert _C._eager_entry_count() == entries - 1  # the C++ path dropped the quick matmul only
