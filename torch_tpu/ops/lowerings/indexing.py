@@ -419,10 +419,17 @@ def _nonzero(x, size):
     return _coordinates(x, size).reshape(-1)
 
 
-def _bucketed(count: int, active: bool) -> int:
+def _bucketed(count: int) -> int:
     """The length to compute a data-dependent result of `count` rows at: its length bucket, so
     one executable serves every count in it (ops/growing.py); exact under lazy recording or SPMD."""
-    return growing.bucket(count) if active else count
+    return growing.bucket(count) if growing.active() else count
+
+
+def _select_rows(rows, keep, size: int):
+    """rows[i] for each true keep[i] in order, `size` of them (past the count: unread), flat."""
+    if not rows.shape[0]:
+        return jnp.zeros((size, *rows.shape[1:]), rows.dtype).reshape(-1)
+    return rows[jnp.minimum(_true_positions(keep, size), rows.shape[0] - 1)].reshape(-1)
 
 
 def _nonzero_of(t: torch.Tensor) -> torch.Tensor:
@@ -431,7 +438,7 @@ def _nonzero_of(t: torch.Tensor) -> torch.Tensor:
     metrics.bump("executions")
     if t.dim() == 0:
         return from_jax(_nonzero(x, count), t.device.index)
-    size = _bucketed(count, growing.active())
+    size = _bucketed(count)
     return growing.wrap_prefix(_nonzero(x, size), [count, t.dim()], torch.int64, t.device.index)
 
 
@@ -460,11 +467,7 @@ def _same_device(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 @functools.partial(executable_cache.jit, static_argnames=("shape", "size"))
 def _masked_select(x, mask, shape, size):
-    flat = jnp.broadcast_to(x, shape).reshape(-1)
-    keep = jnp.broadcast_to(mask, shape).reshape(-1)
-    if not flat.size:
-        return jnp.zeros((size,), flat.dtype)
-    return flat[jnp.minimum(_true_positions(keep, size), flat.size - 1)]  # past the count: unread
+    return _select_rows(jnp.broadcast_to(x, shape).reshape(-1), jnp.broadcast_to(mask, shape).reshape(-1), size)
 
 
 @lower(aten.masked_select.default, eager=True)
@@ -476,7 +479,7 @@ def masked_select(self, mask):
     x, m = to_jax(self), to_jax(mask)
     count = count_true(m, shape)
     metrics.bump("executions")
-    size = _bucketed(count, growing.active())
+    size = _bucketed(count)
     return growing.wrap_prefix(_masked_select(x, m, shape, size), [count], self.dtype, self.device.index)
 
 
@@ -618,10 +621,7 @@ def _leading_mask(self: torch.Tensor, indices) -> torch.Tensor | None:
 @functools.partial(executable_cache.jit, static_argnames=("lead", "size"))
 def _mask_rows(x, mask, lead, size):
     """The rows of x (its dims past `lead`) where `mask` is true, `size` of them, flat."""
-    rows = x.reshape((-1, *x.shape[lead:]))
-    if not rows.shape[0]:
-        return jnp.zeros((size, *rows.shape[1:]), x.dtype).reshape(-1)
-    return rows[jnp.minimum(_true_positions(mask.reshape(-1), size), rows.shape[0] - 1)].reshape(-1)
+    return _select_rows(x.reshape((-1, *x.shape[lead:])), mask.reshape(-1), size)
 
 
 @lower(aten.index.Tensor, eager=True, graph=_index, check=Check(graph=index_failures))
@@ -632,7 +632,7 @@ def index(self, indices):
         m = to_jax(mask)
         count = count_true(m)
         metrics.bump("executions")
-        rows = _mask_rows(to_jax(self), m, mask.dim(), growing.bucket(count))
+        rows = _mask_rows(to_jax(self), m, mask.dim(), _bucketed(count))
         return growing.wrap_prefix(rows, [count, *self.shape[mask.dim() :]], self.dtype, self.device.index)
     return _index_kernel(self, _prepare_indices(self, indices))
 
