@@ -167,15 +167,16 @@ class Lane:
         progress = self.scratch / f"{name}.progress"
         done = self.scratch / f"{name}.done"
         collected_file = self.scratch / f"{name}.collected"
+        details = self.out / f"{name}.failures.txt"
         progress.unlink(missing_ok=True)
-        (self.out / f"{name}.failures.txt").unlink(missing_ok=True)
+        details.unlink(missing_ok=True)
         env = dict(
             self.env,
             PYTHONPATH=os.pathsep.join(filter(None, [str(self.scratch / "ci" / "tpu"), self.env.get("PYTHONPATH")])),
             TORCH_TPU_LANE_COLLECTED=str(collected_file),
             TORCH_TPU_LANE_PROGRESS=str(progress),
             TORCH_TPU_LANE_DONE=str(done),
-            TORCH_TPU_LANE_DETAILS=str(self.out / f"{name}.failures.txt"),
+            TORCH_TPU_LANE_DETAILS=str(details),
         )
         earlier = self.resumed.get(name)
         retry = {"failed"} if self.args.retry_failed else set()

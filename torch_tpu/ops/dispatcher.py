@@ -231,7 +231,7 @@ def make_kernel(
             entry.persist = persist
             if loaded and entry.quick:  # its recompile did not finish in the process that saved it
                 traceable = build(plan, lowering, call, bound, aliases).traceable
-                entry.run = op_tier_up.RecompileLoaded(plan.label, entry, entry.run, lambda: traceable)
+                entry.run = op_tier_up.RecompileLoaded(plan.label, entry, entry.run, traceable)
             if plan.out_names and _resize_out_args(plan, bound, entry):
                 return kernel(*args, **kwargs)
             _cache.put(key, entry)

@@ -14,8 +14,6 @@ its recompile finishes leaves one that the next process loads, runs, and recompi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch_tpu import _C, metrics, platforms
 from torch_tpu.runtime import compile_queue, executable_cache
 
@@ -49,17 +47,17 @@ def _recompile(label: str, entry, lowered) -> None:
 
 class RecompileLoaded:
     """Stands in for a quick executable loaded from the persistent cache until its first call:
-    runs it, lowers the op again for the call's arguments (`make_traceable()`: the op's jitted
-    lowering) and queues the recompile."""
+    runs it, lowers the op again for the call's arguments (`traceable`: the op's jitted lowering)
+    and queues the recompile."""
 
-    __slots__ = ("compiled", "entry", "label", "make_traceable")
+    __slots__ = ("compiled", "entry", "label", "traceable")
 
-    def __init__(self, label: str, entry, compiled, make_traceable: Callable):
-        self.label, self.entry, self.compiled, self.make_traceable = label, entry, compiled, make_traceable
+    def __init__(self, label: str, entry, compiled, traceable):
+        self.label, self.entry, self.compiled, self.traceable = label, entry, compiled, traceable
 
     def __call__(self, *args):
         result = self.compiled(*args)
         if self.entry.run is self:
             self.entry.run = self.compiled
-        _queue(self.label, self.entry, self.make_traceable().lower(*args))
+        _queue(self.label, self.entry, self.traceable.lower(*args))
         return result
