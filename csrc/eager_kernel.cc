@@ -258,6 +258,8 @@ class OpState {
     entries_.clear();
   }
 
+  size_t entry_count() const { return entries_.size(); }
+
  private:
   // Builds the call's key and inputs; false when the call is not one for the fast path.
   bool read(c10::ArrayRef<c10::IValue> args, Call& call) const {
@@ -656,6 +658,7 @@ class OpState {
  public:
   static void clear_all();
   static void clear_named(const std::string& label);
+  static size_t count_named(const std::string& label);
 
  private:
   std::string name_;
@@ -687,6 +690,16 @@ void OpState::clear_named(const std::string& label) {
       op->clear();
     }
   }
+}
+
+size_t OpState::count_named(const std::string& label) {
+  size_t count = 0;
+  for (const OpState* op : all_ops()) {
+    if (op->name() == label) {
+      count += op->entry_count();
+    }
+  }
+  return count;
 }
 
 class EagerKernel final : public c10::OperatorKernel {
@@ -833,7 +846,10 @@ void init_eager_kernels(py::module_& m) {
         py::arg("level"));
   m.def("_clear_eager_entries", [] { OpState::clear_all(); });
   m.def("_clear_eager_entries_of", [](const std::string& label) { OpState::clear_named(label); }, py::arg("label"));
-  m.def("_eager_entry_count", [] { return g_entry_count; });
+  m.def(
+      "_eager_entry_count",
+      [](const std::optional<std::string>& label) { return label ? OpState::count_named(*label) : g_entry_count; },
+      py::arg("label") = py::none());
   m.def("_eager_counters", [] {
     return py::make_tuple(g_hits.load(std::memory_order_relaxed), g_executions.load(std::memory_order_relaxed),
                           g_host_runs.load(std::memory_order_relaxed));

@@ -16,7 +16,7 @@ import torch
 
 import torch_tpu  # noqa: F401
 from tests.helpers import platform_rounding_tol
-from torch_tpu.ops.lowerings import linalg
+from torch_tpu.ops.lowerings import factories, grouped_mm, histogram, linalg
 from torch_tpu.platforms.tpu import x64_types
 
 
@@ -36,6 +36,31 @@ def test_float64_lu_has_no_xla_lu_on_tpu():
     a64, a32 = jax.ShapeDtypeStruct((2, 3, 3), jnp.float64), jax.ShapeDtypeStruct((2, 3, 3), jnp.float32)
     assert "LuDecomposition" not in _lowered(linalg._lu, a64, platform="tpu")
     assert "LuDecomposition" in _lowered(linalg._lu, a32, platform="tpu")  # XLA:TPU's own, where it has one
+
+
+@pytest.mark.parametrize(
+    "a,b", [((16, 32), (4, 32, 16)), ((4, 8, 32), (32, 16)), ((8, 16), (16, 24)), ((4, 8, 32), (4, 32, 16))]
+)
+def test_half_precision_grouped_mm_asks_no_highest_precision(a, b):
+    """XLA:TPU's ragged_dot kernel rejects HIGHEST on bfloat16 operands (Mosaic "Bad lhs type" on the
+    chip, 7b3f6d2); float32 keeps it (CPU's kernel is exact)."""
+    offs = jax.ShapeDtypeStruct((4,), jnp.int32) if len(a) + len(b) < 6 else None
+    for dtype, highest in ((jnp.bfloat16, False), (jnp.float16, False), (jnp.float32, True)):
+        avals = [jax.ShapeDtypeStruct(a, dtype), jax.ShapeDtypeStruct(b, dtype)]
+        text = _lowered(lambda x, y, o: grouped_mm._grouped_mm(x, y, o), *avals, offs, platform="tpu")
+        assert ("HIGHEST" in text) == highest, (dtype, text[-600:])
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_steps_round_explicitly(dtype):
+    """histc's bins and linspace round after every step as c10's half types do, by reduce_precision:
+    XLA:TPU folds a convert pair away (histc's bfloat16 bins differed from CPU's on the chip)."""
+    x = jax.ShapeDtypeStruct((500,), dtype)
+    lo, hi = jnp.float32(-1), jnp.float32(1)
+    bins = _lowered(lambda v: histogram._bin_float(v, lo, hi, 7)[0], x, platform="tpu")
+    assert bins.count("reduce_precision") >= 4
+    steps = _lowered(lambda: factories._linspace_values(-1.0, 2.0, 9, np.dtype(dtype)), platform="tpu")
+    assert "reduce_precision" in steps
 
 
 @pytest.mark.parametrize("shape", [(4, 4), (2, 5, 3), (3, 2, 4)])

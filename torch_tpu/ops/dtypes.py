@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import torch
+from jax import lax
 
 TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
     torch.float32: np.dtype(np.float32),
@@ -59,6 +60,14 @@ def opmath(dtype) -> np.dtype:
 def to_opmath(x):
     """`x` in its opmath type (None stays None)."""
     return None if x is None else x.astype(opmath(x.dtype))
+
+
+def rounded_to(x, dtype):
+    """`x` (in a wider float type) rounded to `dtype`'s precision and range, as c10::BFloat16 and
+    c10::Half arithmetic rounds after every operation. An explicit reduce_precision: XLA:TPU folds
+    a convert to a narrower type and back away (excess precision), XLA:CPU keeps it."""
+    info = jnp.finfo(dtype)
+    return lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 def narrow_indices(index, size: int):

@@ -98,7 +98,10 @@ def _reinterpret(buf: jnp.ndarray, dtype: np.dtype) -> jnp.ndarray:
     if jnp.issubdtype(dtype, jnp.complexfloating):
         parts = _reinterpret(buf, np.dtype(np.float32 if dtype == np.complex64 else np.float64))
         parts = parts[: parts.size // 2 * 2].reshape(-1, 2)
-        return lax.complex(parts[:, 0], parts[:, 1])
+        flat = lax.complex(parts[:, 0], parts[:, 1])
+        # complex128 stays flat where it is built: XLA:TPU moved the view's reshape before the
+        # complex op, whose float64-pair emitter then failed on the two layouts it got (7b3f6d2)
+        return lax.optimization_barrier(flat) if dtype == np.complex128 else flat
     if buf.dtype == np.bool_:
         buf = buf.astype(np.uint8)
     target = np.dtype(np.uint8) if dtype == np.bool_ else dtype

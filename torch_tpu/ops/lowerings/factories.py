@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from torch_tpu.ops.dtypes import jax_dtype, to_numpy_dtype
+from torch_tpu.ops.dtypes import jax_dtype, rounded_to, to_numpy_dtype
 from torch_tpu.ops.promotion import cast
 from torch_tpu.ops.registry import FrontPath, aten, lower
 
@@ -190,7 +190,7 @@ def _linspace_values(start, end, steps: int, dtype: np.dtype) -> jnp.ndarray:
     if steps == 1:
         return jnp.broadcast_to(start, (1,)).astype(dtype)
     # Reduced-precision floats round after every operation, as c10::Half/BFloat16 arithmetic does.
-    r = (lambda v: v.astype(dtype).astype(step_dtype)) if step_dtype != dtype and not integral else (lambda v: v)
+    r = (lambda v: rounded_to(v, dtype)) if step_dtype != dtype and not integral else (lambda v: v)
     step = r(r(end - start) / (steps - 1))
     idx = lax.iota(step_dtype, steps)
     low = r(start + r(step * r(idx)))

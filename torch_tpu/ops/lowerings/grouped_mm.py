@@ -27,8 +27,14 @@ def _sizes(offs):
     return jnp.diff(offs, prepend=jnp.zeros((1,), jnp.int32))
 
 
+def _precision(x) -> lax.Precision:
+    """float32 products exact, as CPU's kernel; bfloat16 and float16 ones are exact in one pass, and
+    XLA:TPU's ragged_dot kernel rejects HIGHEST for them (Mosaic: "Bad lhs type")."""
+    return lax.Precision.HIGHEST if x.dtype == jnp.float32 else lax.Precision.DEFAULT
+
+
 def _ragged(lhs, rhs, sizes, out_dtype):
-    product = lax.ragged_dot(lhs, rhs, sizes, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    product = lax.ragged_dot(lhs, rhs, sizes, precision=_precision(lhs), preferred_element_type=jnp.float32)
     return product.astype(out_dtype)
 
 
@@ -43,10 +49,10 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
             dot_dimension_numbers=(([1], [0]), ([], [])), lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
         )
         product = lax.ragged_dot_general(
-            self, mat2, _sizes(offs), numbers, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+            self, mat2, _sizes(offs), numbers, precision=_precision(self), preferred_element_type=jnp.float32
         )
         return product.astype(dtype)
-    product = jnp.matmul(self, mat2, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    product = jnp.matmul(self, mat2, precision=_precision(self), preferred_element_type=jnp.float32)
     return product.astype(dtype)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from torch_tpu import metrics
-from torch_tpu.ops.dtypes import type_name
+from torch_tpu.ops.dtypes import rounded_to, type_name
 from torch_tpu.ops.lowerings.factories import _linspace_values
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.ops.tensors import from_jax, to_jax
@@ -41,7 +41,7 @@ def _check(self, bins=100, min=0, max=0):
 def _bin_float(x, low, high, bins):
     """CPU's linear-interpolation bin: (x - lo) * bins / (hi - lo) in the input's float type."""
     compute = jnp.float32 if x.dtype.itemsize < 4 else x.dtype
-    r = (lambda v: v.astype(x.dtype).astype(compute)) if compute != x.dtype else (lambda v: v)
+    r = (lambda v: rounded_to(v, x.dtype)) if compute != x.dtype else (lambda v: v)
     xc, lo, hi = x.astype(compute), r(low.astype(compute)), r(high.astype(compute))
     pos = r(r(r(xc - lo) * bins) / r(hi - lo))
     return jnp.floor(pos).astype(jnp.int64), (xc >= lo) & (xc <= hi)
