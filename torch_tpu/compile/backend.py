@@ -20,7 +20,7 @@ from torch._ops import OpOverload
 from torch.fx import GraphModule
 
 from torch_tpu import debug, platforms
-from torch_tpu.compile import full_collections
+from torch_tpu.compile import full_collections, graph_text
 from torch_tpu.compile import options as compile_options
 from torch_tpu.ops import registry
 
@@ -202,7 +202,12 @@ def tpu_backend(gm: GraphModule, example_inputs, mode: str | None = None, option
 
     full_collections.install()  # for the frames dynamo compiles next (a reset drops it)
     # a warm process loads aot_autograd's result (compile/aot_cache.py)
-    with aot_cache.settings(parsed), _partitioner_settings(parsed), full_collections.window():
+    with (
+        aot_cache.settings(parsed),
+        _partitioner_settings(parsed),
+        full_collections.window(),
+        graph_text.skipped_while_unlogged(),
+    ):
         return _aot(parsed)(gm, example_inputs)
 
 
