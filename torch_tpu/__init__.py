@@ -57,6 +57,9 @@ def _load() -> None:
         _loaded = True
         return
     _loaded = True
+    from torch_tpu import _jax_import
+
+    _jax_import.import_jax()  # before anything else imports it
     from torch_tpu import _register
 
     _register.register()
