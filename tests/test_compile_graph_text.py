@@ -15,6 +15,7 @@ from torch_tpu.compile import graph_text
 def text_calls(monkeypatch):
     """print_readable(print_output=False) calls that wrote graph text."""
     calls = []
+    graph_text.install()
     original = graph_text._original
 
     def spy(self, print_output=True, *args, **kwargs):

@@ -22,10 +22,11 @@ from torch.fx import GraphModule
 NOTE = "(graph text not written: torch_tpu skips it while torch's graph logs are off)"
 
 _local = threading.local()
-_original = GraphModule.print_readable
+_original = GraphModule.print_readable  # what the class had when _print_readable took its place
+_installed = False
 
 
-@functools.wraps(_original)
+@functools.wraps(GraphModule.print_readable)
 def _print_readable(self, print_output: bool = True, *args, **kwargs):
     if getattr(_local, "skip", False) and not print_output:
         return NOTE
@@ -34,8 +35,11 @@ def _print_readable(self, print_output: bool = True, *args, **kwargs):
 
 def _logged() -> bool:
     """Whether torch's structured trace or an aot_autograd graph log is on."""
-    from torch._functorch._aot_autograd import graph_compile
-    from torch._logging._internal import LazyTraceHandler, trace_log
+    try:
+        from torch._functorch._aot_autograd import graph_compile
+        from torch._logging._internal import LazyTraceHandler, trace_log
+    except ImportError:  # a torch laid out otherwise: write the text as it would
+        return True
 
     # torch's own trace handler without a folder (no TORCH_TRACE) drops itself at its first record
     if any(not isinstance(h, LazyTraceHandler) or h.root_dir is not None for h in trace_log.handlers):
@@ -44,11 +48,19 @@ def _logged() -> bool:
     return any(log is None or log.isEnabledFor(logging.INFO) for log in loggers)
 
 
+def install() -> None:
+    """Puts _print_readable in GraphModule's place, once: a wrapper another library puts over it
+    later stays outermost."""
+    global _installed, _original
+    if not _installed:
+        _original, GraphModule.print_readable = GraphModule.print_readable, _print_readable
+        _installed = True
+
+
 @contextlib.contextmanager
 def skipped_while_unlogged() -> Iterator[None]:
     """Inside, this thread's print_readable(print_output=False) calls return NOTE unless logged."""
-    if GraphModule.print_readable is not _print_readable:
-        GraphModule.print_readable = _print_readable
+    install()
     before = getattr(_local, "skip", False)
     _local.skip = not _logged()
     try:
