@@ -79,3 +79,40 @@ def test_a_test_that_aborts_fails_alone_and_the_rest_run(tmp_path):
     assert resumed["outcomes"][ids["fails"]] == "failed"
     assert resumed["crashed"] == []
     assert resumed["passed"] == 3 and resumed["failed"] == 1 and resumed["skipped"] == 1
+
+
+# An example as the cold_start part sees one: compiles 7 executables into an empty cache, none from a filled one.
+FAKE_EXAMPLE = r"""
+import os, pathlib
+cache = pathlib.Path(os.environ["TORCH_TPU_CACHE_DIR"])
+warm = (cache / "compiled").exists()
+cache.mkdir(parents=True, exist_ok=True)
+(cache / "compiled").write_text("x")
+print("torch_tpu metrics")
+print("  counters:")
+print(f"    xla_compiles             {0 if warm else 7}")
+print("check passed: losses and inference match CPU")
+"""
+
+
+def test_cold_start_runs_each_example_cold_then_warm_with_its_cache(tmp_path):
+    repo = tmp_path / "repo"
+    for name in ("quick", "slow"):
+        (repo / "examples" / name).mkdir(parents=True)
+        (repo / "examples" / name / "train.py").write_text(FAKE_EXAMPLE)
+    (repo / "ci").mkdir()
+    (repo / "ci" / "tpu").symlink_to(LANE)
+    out = tmp_path / "out"
+    args = [str(LANE / "lane.py"), "--repo", str(repo), "--platform", "cpu", "--parts", "cold_start"]
+    args += ["--cold-start", "quick=120,slow=0.001", "--out", str(out)]
+    proc = run_python(args, dict(os.environ), cwd=repo, timeout=300)
+    assert (out / "lane.json").exists(), proc.stdout + proc.stderr
+    part = json.loads((out / "lane.json").read_text())["parts"]["cold_start"]
+    quick, slow = part["cold_start"]["quick"], part["cold_start"]["slow"]
+    assert part["ok"]  # both ran and checked; the targets are reported, not part of "ok"
+    for row in (quick, slow):
+        assert (row["cold"]["xla_compiles"], row["warm"]["xla_compiles"]) == (7, 0)  # one cache per example
+        assert row["warm_compiles_nothing"]
+    assert quick["cold_met"] and not slow["cold_met"]
+    report = (out / "lane.md").read_text()
+    assert "| slow |" in report and "(NOT met)" in report

@@ -3,7 +3,7 @@ process, one at a time (one process holds the chip), and writes lane.md, lane.js
 
     python ci/tpu/lane.py [--parts env,kernels,sync,tests,hf,examples,ops,training] [--out DIR]
         [--commit SHA] [--tests FILE...] [--test-seconds N] [--resume LANE_JSON [--retry-failed]]
-        [--cache-dir DIR] [--platform tpu] [--training-args "..."]
+        [--cache-dir DIR] [--platform tpu] [--training-args "..."] [--cold-start NAME=SECONDS,...]
 
 Parts:
   env       platform, chip, versions
@@ -22,6 +22,9 @@ Parts:
             torch.tpu's API (tests/test_hf_trainer.py, test_lightning.py,
             test_profiler_device_time.py, test_device_api.py)
   examples  every example with --check
+  cold_start  examples run as a user first meets them (--cold-start, default issue 33's ResNet and
+            minGPT): `--steps 5 --check` in a new process with an empty compile cache, then again
+            with that cache; wall seconds against the example's target, XLA compiles of each
   ops       benchmarks/op_kinds.py: eager per-op cost against jax.jit
   training  benchmarks/tpu_training.py (--training-args)
 Every part runs from a scratch folder that links tests/, examples/ and benchmarks/ but not the
@@ -43,7 +46,19 @@ import sys
 import tempfile
 import time
 
-PARTS = ("env", "kernels", "kernel_bench", "sync", "tests", "hf", "ecosystem", "examples", "ops", "training")
+PARTS = (
+    "env",
+    "kernels",
+    "kernel_bench",
+    "sync",
+    "tests",
+    "hf",
+    "ecosystem",
+    "examples",
+    "cold_start",
+    "ops",
+    "training",
+)
 EXPECTED_FAILURES = pathlib.Path(__file__).parent / "expected_failures.txt"  # failures known on TPU, why
 MIN_ROUND_SECONDS = 60  # a tests part starts pytest again after a crash while this much time is left
 SLOWEST = 15  # the slowest tests of a test part, kept with their seconds (where the lane's time goes)
@@ -143,6 +158,29 @@ class Lane:
         for name, cmd in OTHER_EXAMPLES.items():
             examples[name] = self._example(name, cmd, harness=False)
         return {"ok": all(e["ok"] for e in examples.values()), "examples": examples}
+
+    def part_cold_start(self) -> dict:
+        runs = {}
+        for name, target in _targets(self.args.cold_start).items():
+            cache = self.scratch / f"cold_start_{name}"
+            env = {k: v for k, v in self.env.items() if k != "TORCH_TPU_ASYNC_COMPILE"}  # as a user runs it
+            env |= {"TORCH_TPU_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "torch")}
+            cmd = [sys.executable, f"examples/{name}/train.py", "--steps", "5", "--check"]
+            row, wall = {"target_seconds": target}, {}
+            for start in ("cold", "warm"):
+                code, output, seconds = self.run(f"cold_start {name} {start}", cmd, 590, env=env)
+                row[start] = {
+                    "exit": code,
+                    "seconds": round(seconds, 1),
+                    "checked": "check passed" in output,
+                    "xla_compiles": _counter(output, "xla_compiles"),
+                }
+                wall[start] = seconds
+            row["ok"] = all(row[s]["exit"] == 0 and row[s]["checked"] for s in ("cold", "warm"))
+            row["cold_met"] = wall["cold"] <= target
+            row["warm_compiles_nothing"] = row["warm"]["xla_compiles"] == 0
+            runs[name] = row
+        return {"ok": bool(runs) and all(r["ok"] for r in runs.values()), "cold_start": runs}
 
     def part_ops(self) -> dict:
         code, output, seconds = self.python("ops", ["benchmarks/op_kinds.py"], 420)
@@ -281,6 +319,22 @@ def markdown(results: dict) -> str:
         for name, e in parts["examples"]["examples"].items():
             result = "pass" if e["ok"] else f"FAIL (exit {e['exit']})"
             lines.append(f"| {name} | {result} | {e['seconds']} |")
+    if "cold_start" in parts:
+        lines += [
+            "",
+            "## Cold start (`--steps 5 --check`, new processes: an empty compile cache, then that cache)",
+            "",
+            "| example | cold s | target s | cold XLA compiles | warm s | warm XLA compiles | --check |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, r in parts["cold_start"]["cold_start"].items():
+            cold, warm = r["cold"], r["warm"]
+            met = "met" if r["cold_met"] else "NOT met"
+            checked = "passed" if cold["checked"] and warm["checked"] else "FAILED"
+            lines.append(
+                f"| {name} | {cold['seconds']} | {r['target_seconds']:g} ({met}) | {cold['xla_compiles']} | "
+                f"{warm['seconds']} | {warm['xla_compiles']} | {checked} |"
+            )
     for name, title in (
         ("kernel_bench", "Kernels against XLA"),
         ("ops", "Eager op kinds against jax.jit"),
@@ -314,6 +368,9 @@ def _summary(part: dict) -> str:
         return _summary(part["tests"])
     if "examples" in part:
         return f": {sum(e['ok'] for e in part['examples'].values())} of {len(part['examples'])} pass"
+    if "cold_start" in part:
+        runs = part["cold_start"].items()
+        return ": " + ", ".join(f"{n} cold {r['cold']['seconds']} s (target {r['target_seconds']:g})" for n, r in runs)
     return ""
 
 
@@ -413,6 +470,18 @@ def _expected_failures(path: pathlib.Path) -> dict[str, str]:
     return found
 
 
+def _targets(text: str) -> dict[str, float]:
+    """ "resnet=25,mingpt=20" -> {"resnet": 25.0, "mingpt": 20.0}."""
+    pairs = (item.split("=", 1) for item in text.split(",") if item.strip())
+    return {name.strip(): float(seconds) for name, seconds in pairs}
+
+
+def _counter(output: str, name: str) -> int | None:
+    """A counter's value in torch_tpu.metrics.report()'s text (the examples print it), or None."""
+    found = re.findall(rf"^\s*{name}\s+(\d+)\s*$", output, re.MULTILINE)
+    return int(found[-1]) if found else None
+
+
 def _last_json(output: str) -> dict | None:
     for line in reversed(output.strip().splitlines()):
         if line.startswith("{"):
@@ -497,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retry-failed", action="store_true", help="with --resume: run its failed tests again")
     parser.add_argument("--platform", default="tpu", help="TORCH_TPU_PLATFORM for every part (cpu: try the lane)")
     parser.add_argument("--training-args", default="", help="arguments for benchmarks/tpu_training.py")
+    parser.add_argument(
+        "--cold-start", default="resnet=25,mingpt=20", help="cold_start's examples and cold targets in seconds"
+    )
     parser.add_argument(
         "--merge", nargs="+", metavar="LANE_JSON", help="only combine earlier runs' lane.json (later parts win)"
     )
