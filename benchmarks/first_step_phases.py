@@ -38,6 +38,7 @@ CATEGORIES = (
     ("torch_tpu: lazy trace (state creation)", ("compile/lazy.py:",)),
     ("torch_tpu: building the graph runner", ("compile/aot_cache.py:compile_graph",)),
     ("torch_tpu: graph pickling for torch's cache", ("aot_cache.py:prepare_for_serialization",)),
+    ("aot_autograd: graph text for logs", ("graph_module.py:_print_readable",)),  # compile/graph_text.py
     ("aot_autograd: AOTAutogradCache", ("autograd_cache.py:",)),
     ("aot_autograd: partitioner", ("partitioners.py:",)),
     ("aot_autograd: metadata collection", ("collect_metadata_analysis.py:",)),
