@@ -844,7 +844,6 @@ void init_eager_kernels(py::module_& m) {
       py::arg("hook"));
   m.def("_set_matmul_precision_override", [](std::optional<int> level) { g_precision_override = level.value_or(-1); },
         py::arg("level"));
-  m.def("_clear_eager_entries", [] { OpState::clear_all(); });
   m.def("_clear_eager_entries_of", [](const std::string& label) { OpState::clear_named(label); }, py::arg("label"));
   m.def(
       "_eager_entry_count",
